@@ -1,0 +1,36 @@
+# Every target sets up .venv itself, so `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip install -q --disable-pip-version-check
+# The CPU build of PyTorch, installed first so that nothing pulls a CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch: | $(BIN)/python
+	$(PIP) $(TORCH)
+	touch $@
+
+$(VENV)/.demo: $(VENV)/.torch pyproject.toml
+	$(PIP) -e '.[lightning,demo,report]'
+	touch $@
+
+$(VENV)/.test: $(VENV)/.torch pyproject.toml
+	$(PIP) -e '.[dev,lightning,keras,xgboost,s3,report,tensorboard,demo]' tensorflow-cpu xgboost-cpu
+	touch $@
+
+demo: $(VENV)/.demo
+	$(BIN)/tripwire demo
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.test
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,86 @@
+"""Small real models and data for the tests: sklearn's digits, tiny MLPs, Lightning trainers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def digits(n_train: int | None = None, scale: float = 1.0, labels=None):
+    """Standardised digits (x, y) split into train and validation arrays."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = ((x - x.mean(0)) / (x.std(0) + 1e-6) * scale).astype(np.float32)
+    if labels is not None:
+        y = labels(y)
+    cut = int(len(x) * 0.75)
+    train = (x[:cut], y[:cut]) if n_train is None else (x[:n_train], y[:n_train])
+    return train, (x[cut:], y[cut:])
+
+
+def torch_loaders(batch_size=32, **kwargs):
+    import torch
+
+    (xt, yt), (xv, yv) = digits(**kwargs)
+    ds = lambda x, y: torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y, dtype=torch.long))  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    return (torch.utils.data.DataLoader(ds(xt, yt), batch_size=batch_size, shuffle=True, generator=g),
+            torch.utils.data.DataLoader(ds(xv, yv), batch_size=256))
+
+
+def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=None, pl=None):
+    """A LightningModule around an MLP on 64 inputs, 10 classes. `init(net)` may break it on purpose."""
+    import torch
+
+    if pl is None:
+        import lightning.pytorch as pl
+
+    torch.manual_seed(0)
+    act = {"relu": torch.nn.ReLU, "sigmoid": torch.nn.Sigmoid, "tanh": torch.nn.Tanh}[activation]
+
+    class MLP(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            layers, width = [], 64
+            for h in hidden:
+                layers += [torch.nn.Linear(width, h), act()]
+                width = h
+            layers.append(torch.nn.Linear(width, 10))
+            self.net = torch.nn.Sequential(*layers)
+            if init is not None:
+                init(self.net)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            if optimizer == "adam":
+                return torch.optim.Adam(self.parameters(), lr=lr)
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    return MLP()
+
+
+def fit(callback, module=None, max_epochs=2, max_steps=-1, loaders=None, pl=None, **trainer_kwargs):
+    """Train with a Lightning Trainer (lightning.pytorch unless `pl` is given); returns the trainer."""
+    import torch
+
+    if pl is None:
+        import lightning.pytorch as pl
+    torch.manual_seed(0)
+    module = module if module is not None else mlp_module(pl=pl)
+    train, val = loaders if loaders is not None else torch_loaders()
+    trainer = pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         callbacks=[callback] if callback is not None else [], num_sanity_val_steps=0,
+                         **trainer_kwargs)
+    trainer.fit(module, train, val)
+    return trainer

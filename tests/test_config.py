@@ -1,0 +1,168 @@
+"""Config loading and validation: every mistake names file, line, key, what is allowed."""
+
+import textwrap
+
+import pytest
+
+import tripwire
+from tripwire import ConfigError
+
+
+def write(tmp_path, text, name="rules.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_packaged_default_loads_and_plans_rule_requirements():
+    cfg = tripwire.load_config(None)
+    assert cfg.source.startswith("rules.yaml")
+    ids = [r.id for r in cfg.rules]
+    assert "exploding_tensor" in ids and "vanishing_gradient" in ids
+    plan = cfg.plan()
+    # rules turn on what they need: gradients with abs_mean for vanishing_gradient, relu activations for dead_relu
+    assert "abs_mean" in plan.collections["gradients"].reductions
+    assert "dead_fraction" in plan.collections["activations"].reductions
+    assert plan.collections["activations"].include == ("relu",)
+    # every tensor collection gets nonfinite_count from exploding_tensor; losses are scalars
+    assert "nonfinite_count" in plan.collections["gradients"].reductions
+    assert plan.collections["losses"].reductions == ("value",)
+
+
+def test_default_rules_yaml_is_the_packaged_file():
+    from importlib import resources
+    from pathlib import Path
+
+    packaged = resources.files("tripwire").joinpath("rules.yaml").read_text()
+    assert packaged == (Path(__file__).parents[1] / "rules.yaml").read_text()
+
+
+def test_unknown_key_names_file_line_key_and_suggestion(tmp_path):
+    path = write(tmp_path, """\
+        version: 1
+        sampling:
+          evry: 10
+        rules: [exploding_tensor]
+        """)
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(path)
+    message = str(err.value)
+    assert f"{path}:3" in message
+    assert "sampling.evry" in message
+    assert "Allowed here: every, start, end, steps, modes" in message
+    assert "Did you mean 'every'?" in message
+    assert err.value.line == 3 and err.value.key == "sampling.evry"
+
+
+def test_wrong_type(tmp_path):
+    path = write(tmp_path, """\
+        rules: [exploding_tensor]
+        writer:
+          flush_every_s: soon
+        """)
+    with pytest.raises(ConfigError, match=r"rules.yaml:3: writer.flush_every_s: expected a number; got str 'soon'"):
+        tripwire.load_config(path)
+
+
+def test_unknown_rule_suggests_the_closest(tmp_path):
+    path = write(tmp_path, """\
+        rules:
+          - rule: exploding_tensors
+        """)
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(path)
+    assert "rules[0].rule" in str(err.value) and ":2:" in str(err.value)
+    assert "Did you mean 'exploding_tensor'?" in str(err.value)
+
+
+def test_unknown_rule_parameter(tmp_path):
+    path = write(tmp_path, """\
+        rules:
+          - rule: vanishing_gradient
+            params: {treshold: 1.0e-5}
+        """)
+    with pytest.raises(ConfigError, match=r":3: rules\[0\].params.treshold: unknown key 'treshold'.*threshold"):
+        tripwire.load_config(path)
+
+
+def test_rule_parameter_of_wrong_type(tmp_path):
+    path = write(tmp_path, "rules:\n  - rule: dead_relu\n    params: {threshold_layer: lots}\n")
+    with pytest.raises(ConfigError, match=r"threshold_layer: expected a number like the default 50.0"):
+        tripwire.load_config(path)
+
+
+def test_malformed_yaml_gives_line(tmp_path):
+    path = write(tmp_path, "rules: [exploding_tensor\nsampling: {every: 3}\n")
+    with pytest.raises(ConfigError, match=r"rules.yaml:2: malformed YAML"):
+        tripwire.load_config(path)
+
+
+def test_unknown_collection_and_reduction(tmp_path):
+    with pytest.raises(ConfigError, match=r"collections.gradient: unknown key 'gradient'.*Did you mean 'gradients'"):
+        tripwire.load_config({"collections": {"gradient": {}}})
+    with pytest.raises(ConfigError, match=r"collections.weights.reductions\[1\]: 'median' is not allowed"):
+        tripwire.load_config({"collections": {"weights": {"reductions": ["mean", "median"]}}})
+
+
+def test_config_that_captures_nothing_is_refused():
+    with pytest.raises(ConfigError, match="captures nothing"):
+        tripwire.load_config({"version": 1})
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="no config file at 'nope.yaml'"):
+        tripwire.load_config("nope.yaml")
+
+
+def test_invalid_regex_and_bad_action():
+    with pytest.raises(ConfigError, match=r"include\[0\]: '\(' is not a valid regular expression"):
+        tripwire.load_config({"collections": {"weights": {"include": ["("]}}})
+    with pytest.raises(ConfigError, match=r"actions\[0\]: 'halt' is not allowed.*stop"):
+        tripwire.load_config({"rules": [{"rule": "exploding_tensor", "actions": ["halt"]}]})
+
+
+def test_duplicate_rule_needs_a_name():
+    with pytest.raises(ConfigError, match="listed twice"):
+        tripwire.load_config({"rules": ["dead_relu", "dead_relu"]})
+    cfg = tripwire.load_config({"rules": ["dead_relu", {"rule": "dead_relu", "name": "dead_relu_strict",
+                                                        "params": {"threshold_layer": 10}}]})
+    assert [r.id for r in cfg.rules] == ["dead_relu", "dead_relu_strict"]
+
+
+def test_to_dict_round_trips():
+    cfg = tripwire.load_config(None)
+    again = tripwire.load_config(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict()
+    assert [r.actions for r in again.rules] == [r.actions for r in cfg.rules]
+
+
+def test_sampling_resolution_per_mode_and_collection():
+    cfg = tripwire.load_config({
+        "sampling": {"every": 100, "modes": {"eval": {"every": 5}}},
+        "collections": {"losses": {"every": 10}, "weights": {"steps": [7], "modes": {"train": {"start": 50}}}},
+    })
+    plan = cfg.plan()
+    losses, weights = plan.collections["losses"], plan.collections["weights"]
+    assert losses.sampled("train", 30) and not losses.sampled("train", 35)
+    assert losses.sampled("eval", 20) and not losses.sampled("eval", 25)  # collection every wins over mode
+    assert weights.sampled("train", 7) and weights.sampled("train", 150) and not weights.sampled("train", 100)
+    assert weights.sampled("eval", 15)  # eval falls back to sampling.modes.eval
+
+
+def test_eval_is_sampled_every_time_by_default():
+    plan = tripwire.load_config({"collections": {"metrics": {}}}).plan()
+    assert all(plan.collections["metrics"].sampled("eval", s) for s in (3, 47, 101))
+
+
+def test_yaml_bomb_and_huge_file_are_refused(tmp_path):
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdef", "bcdefg"))
+    with pytest.raises(ConfigError, match="expands to more than"):
+        tripwire.load_config(write(tmp_path, bomb))
+    with pytest.raises(ConfigError, match="a config may hold at most"):
+        tripwire.load_config(write(tmp_path, "# " + "x" * 2_000_000 + "\n", "big.yaml"))
+
+
+def test_python_tags_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="unsupported YAML tag"):
+        tripwire.load_config(write(tmp_path, "output: !!python/object/apply:os.system ['true']\n"))

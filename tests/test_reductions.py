@@ -1,0 +1,71 @@
+"""Reductions: core numpy definitions, and the torch device path held to them."""
+
+import numpy as np
+import pytest
+import torch
+
+from tripwire.core.reductions import REDUCTIONS, reduce
+from tripwire.plugins.torch import reduce as torch_reduce
+
+REFERENCE = {
+    "min": np.min, "max": np.max, "mean": np.mean, "std": np.std, "var": np.var, "sum": np.sum,
+    "l1": lambda x: np.abs(x).sum(), "l2": lambda x: np.sqrt((x * x).sum()),
+    "abs_mean": lambda x: np.abs(x).mean(), "abs_min": lambda x: np.abs(x).min(),
+    "abs_max": lambda x: np.abs(x).max(), "zero_fraction": lambda x: (x == 0).mean(),
+    "nonfinite_count": lambda x: (~np.isfinite(x)).sum(),
+    "dead_fraction": lambda x: (~(x > 0).reshape(x.shape[0], -1).any(axis=0)).mean(),
+}
+
+
+def arrays():
+    rng = np.random.default_rng(0)
+    relu = np.maximum(rng.normal(size=(64, 300)), 0).astype(np.float32)
+    relu[:, :120] = 0  # 40% dead units
+    return {
+        "normal_f32": rng.normal(size=(256, 256)).astype(np.float32),
+        "offset_f64": rng.normal(loc=1000.0, scale=0.01, size=5000),
+        "relu": relu,
+        "small": np.array([[0.0, -2.0, 3.0]], dtype=np.float32),
+        "ints": rng.integers(0, 10, size=(50, 3)),
+        "conv": rng.normal(size=(8, 4, 5, 5)).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("case", list(arrays()))
+def test_numpy_reductions_match_definitions(case):
+    x = arrays()[case]
+    got = reduce(x, REDUCTIONS)
+    ref = x.astype(np.float64)
+    for name in REDUCTIONS:
+        assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, abs=1e-6 * float(np.abs(ref).max() + 1)), name
+
+
+def test_dead_fraction_counts_units_not_elements():
+    assert reduce(arrays()["relu"], ["dead_fraction"])["dead_fraction"] == pytest.approx(0.4)
+
+
+def test_nonfinite_and_empty():
+    x = np.ones((10, 10), dtype=np.float32)
+    x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
+    assert reduce(x, ["nonfinite_count"])["nonfinite_count"] == 3
+    out = reduce(np.zeros((0, 3)), ["mean", "nonfinite_count"])
+    assert np.isnan(out["mean"]) and out["nonfinite_count"] == 0
+
+
+@pytest.mark.parametrize("case", list(arrays()))
+def test_torch_device_path_matches_numpy(case):
+    """The accelerator code path, run here on CPU tensors, against the numpy definitions."""
+    x = arrays()[case]
+    device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), REDUCTIONS).tolist()
+    ref = reduce(x, REDUCTIONS)
+    for name, value in zip(REDUCTIONS, device_values):
+        assert value == pytest.approx(ref[name], rel=1e-4, abs=1e-5 * float(np.abs(x).max() + 1)), name
+
+
+def test_reductions_collect_scalars_and_tensors_in_one_transfer():
+    r = torch_reduce.Reductions()
+    r.add("weights/w", torch.arange(6.0).reshape(2, 3), ("mean", "max"))
+    r.add_scalar("losses/train", torch.tensor(0.5))
+    r.add_scalar("optimizer/lr", 0.1)
+    assert r.to_host() == {"weights/w": {"mean": 2.5, "max": 5.0}, "losses/train": {"value": 0.5},
+                           "optimizer/lr": {"value": 0.1}}

@@ -1,0 +1,3 @@
+from tripwire.core.cli import main
+
+raise SystemExit(main())

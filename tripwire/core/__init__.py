@@ -1,0 +1,1 @@
+"""The core: framework-free. It imports no torch, tensorflow, keras or xgboost."""

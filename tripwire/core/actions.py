@@ -1,0 +1,68 @@
+"""Actions: what happens when a rule fires, the same in every framework.
+
+`log`, `report` and `call` are done here. `stop` and `checkpoint` need the
+framework, so they come back to the plugin in a `Decision` (which it may
+first agree on across ranks); `raise` is raised by the plugin after them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+
+log = logging.getLogger("tripwire")
+
+
+@dataclass
+class Decision:
+    """What the plugin must do after a step: stop, write checkpoints for these verdicts, raise for this one."""
+
+    stop: bool = False
+    checkpoint: list = field(default_factory=list)
+    raise_for: object = None
+    verdicts: list = field(default_factory=list)
+
+    def merge(self, other: "Decision") -> "Decision":
+        self.stop |= other.stop
+        self.checkpoint += other.checkpoint
+        self.raise_for = self.raise_for or other.raise_for
+        self.verdicts += other.verdicts
+        return self
+
+    def raise_if_asked(self) -> None:
+        if self.raise_for is not None:
+            from .errors import RuleFired
+
+            raise RuleFired(self.raise_for)
+
+
+def apply(verdict, actions, write_report) -> Decision:
+    """Run a fired verdict's actions; `write_report()` writes the run's report."""
+    decision = Decision(verdicts=[verdict])
+    for action in actions:
+        if action.name == "log":
+            log.warning("tripwire: %s", verdict.describe())
+        elif action.name == "stop":
+            decision.stop = True
+            log.warning("tripwire: stopping training after step %s: rule %s fired (%s)", verdict.step, verdict.rule,
+                        verdict.message)
+        elif action.name == "checkpoint":
+            decision.checkpoint.append(verdict)
+        elif action.name == "report":
+            write_report()
+        elif action.name == "raise":
+            decision.raise_for = decision.raise_for or verdict
+        elif action.name == "call":
+            call(action.target, verdict)
+    return decision
+
+
+def call(target: str, verdict) -> None:
+    """Call the user's `module:function` with the verdict; a failure is logged, never raised into training."""
+    module_name, _, attr = target.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+        function(verdict)
+    except Exception as exc:  # noqa: BLE001 - user code must not take training down
+        log.error("tripwire: action call %s failed for rule %s: %s: %s", target, verdict.rule, type(exc).__name__, exc)

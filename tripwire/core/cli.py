@@ -1,0 +1,221 @@
+"""The `tripwire` command line. Exit codes: 0 nothing fired, 1 a rule fired (or runs differ), 2 an error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from .errors import TripwireError
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "verb", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        return args.func(args) or 0
+    except TripwireError as exc:
+        print(f"tripwire {args.verb}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tripwire", description="A debugger for machine-learning training.")
+    sub = p.add_subparsers(dest="verb", metavar="VERB")
+
+    c = sub.add_parser("check", help="evaluate rules over a stored run; exit 1 if any fired")
+    c.add_argument("run", help="run URL (a folder, memory://…, s3://…)")
+    c.add_argument("--config", help="rule config to use instead of the one stored with the run")
+    c.set_defaults(func=_check)
+
+    w = sub.add_parser("watch", help="follow a live run, evaluate its rules, store verdicts in it")
+    w.add_argument("run")
+    w.add_argument("--config")
+    w.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to appear (default 60)")
+    w.add_argument("--idle-timeout", type=float, default=None, help="give up after this long with nothing new")
+    w.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    w.set_defaults(func=_watch)
+
+    s = sub.add_parser("show", help="what a run holds")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_show)
+
+    ls = sub.add_parser("ls", help="the runs under a folder, with status and verdicts")
+    ls.add_argument("root")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_ls)
+
+    r = sub.add_parser("rules", help="every built-in rule, or one in full")
+    r.add_argument("name", nargs="?")
+    r.set_defaults(func=_rules)
+
+    d = sub.add_parser("demo", help="train a small model healthy and with faults; show detection and early stop")
+    d.add_argument("--out", default="runs/demo", help="where the demo runs are stored (default runs/demo)")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def _storage_options() -> dict:
+    from .recorder import STORAGE_OPTIONS_ENV
+
+    return json.loads(os.environ.get(STORAGE_OPTIONS_ENV, "{}"))
+
+
+def _open(url):
+    from .run import open_run
+
+    return open_run(url, _storage_options())
+
+
+def _config(path):
+    if path is None:
+        return None
+    from .config import load_config
+
+    return load_config(path)
+
+
+def _check(args) -> int:
+    from .evaluate import check
+
+    run = _open(args.run)
+    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe()))
+    return _verdict_exit(verdicts)
+
+
+def _verdict_exit(verdicts) -> int:
+    fired = [v for v in verdicts if v.fired]
+    errors = [v for v in verdicts if v.status == "error"]
+    print(f"{len(fired)} rule(s) fired" + (f", {len(errors)} failed" if errors else "") + ".")
+    return 1 if fired else (2 if errors else 0)
+
+
+def _watch(args) -> int:
+    from .errors import RunNotFound
+    from .evaluate import watch
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            run = _open(args.run)
+            break
+        except RunNotFound:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    say = (lambda v: None) if args.quiet else (lambda v: print(v.describe(), flush=True))
+    verdicts = watch(run, _config(args.config), on_verdict=say, idle_timeout_s=args.idle_timeout)
+    return _verdict_exit(verdicts) if not args.quiet else (1 if any(v.fired for v in verdicts) else 0)
+
+
+def _show(args) -> int:
+    from .naming import collection_of
+
+    run = _open(args.run)
+    info = run.info
+    modes = {m: run.steps(mode=m) for m in run.modes()}
+    names = run.tensor_names()
+    verdicts = run.verdicts()
+    if args.json:
+        print(json.dumps({"url": run.url, "info": info, "steps": {m: len(s) for m, s in modes.items()},
+                          "tensors": names, "verdicts": [v.to_dict() for v in verdicts],
+                          "skipped": run.skipped}, indent=1, default=str))
+        return 0
+    print(f"run        {run.url}")
+    print(f"framework  {info.get('framework')} {info.get('framework_version', '')}   tripwire "
+          f"{info.get('tripwire_version')}")
+    print(f"status     {info['status']}   created {_when(info.get('created'))}   world size "
+          f"{info.get('world_size', 1)}   workers with data {run.workers()}")
+    if info["lost_steps"] or info["dropped_steps"]:
+        print(f"lost       {info['lost_steps']} steps lost to storage errors, {info['dropped_steps']} dropped "
+              "(writer queue full)")
+    for mode, steps in modes.items():
+        span = f"{steps[0]}..{steps[-1]}" if steps else "-"
+        print(f"steps      {mode}: {len(steps)} sampled ({span})")
+    by_collection: dict = {}
+    for name in names:
+        by_collection.setdefault(collection_of(name), []).append(name)
+    for collection, members in sorted(by_collection.items()):
+        reductions = sorted(set().union(*(run.tensor(n).reductions(mode=m) for n in members[:1]
+                                          for m in run.modes() if n in run.tensor_names(mode=m))))
+        print(f"collection {collection}: {len(members)} tensors ({', '.join(reductions) or 'full values'}), "
+              f"e.g. {members[0]}")
+    print(f"verdicts   {len(verdicts)}")
+    for v in verdicts:
+        print("  " + v.describe(with_hint=False))
+    for rel, reason in run.skipped.items():
+        print(f"skipped    {rel}: {reason}")
+    return 0
+
+
+def _when(t) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _ls(args) -> int:
+    from .listing import list_runs
+
+    rows = list_runs(args.root, _storage_options())
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no runs under {args.root}")
+        return 0
+    print(f"{'run':40} {'framework':10} {'steps':>7} {'status':9} {'created':19} verdicts")
+    for r in rows:
+        print(f"{r['name']:40} {r['framework'] or '?':10} {r['steps']:>7} {r['status']:9} "
+              f"{_when(r['created']):19} {r['verdicts']}")
+    return 0
+
+
+def _rules(args) -> int:
+    from .rules.registry import rule_class, rule_names
+
+    if not args.name:
+        for name in rule_names():
+            cls = rule_class(name)
+            print(f"{name:28} {cls.condition}")
+        print("\n`tripwire rules NAME` shows a rule's parameters, requirements and hint.")
+        return 0
+    try:
+        cls = rule_class(args.name)
+    except TripwireError as exc:
+        from .errors import did_you_mean
+
+        print(f"{exc}{did_you_mean(args.name, rule_names())}", file=sys.stderr)
+        return 2
+    rule = cls()
+    print(f"{cls.rule_name()}\n\ncondition: {cls.condition}\n")
+    print("parameters:")
+    for key, default in cls.parameters().items():
+        print(f"  {key} = {default!r}")
+    print("\nrequires:")
+    for req in rule.requires():
+        extra = (f", reductions {', '.join(req.reductions)}" if req.reductions else "") + \
+                (", full tensors" if req.save_tensors else "") + \
+                (f", layers matching {', '.join(req.include)}" if req.include else "")
+        print(f"  {req.collection if req.collection != '*' else 'every tensor collection captured'}{extra}")
+    print(f"  evaluated at: {', '.join(cls.modes)} steps")
+    print(f"\nhint: {cls.hint}\n\nsource: {cls.source}")
+    return 0
+
+
+def _demo(args) -> int:
+    try:
+        from ..demo import run_demo
+    except ImportError as exc:
+        print(f"tripwire demo needs Lightning and scikit-learn ({exc}). Install them with "
+              "`pip install 'tripwire[lightning,demo]'` or run `make demo`.", file=sys.stderr)
+        return 2
+    return run_demo(args.out)

@@ -1,0 +1,410 @@
+"""The rule config: YAML or dict in, a validated `Config` out.
+
+Every key is checked. A mistake raises `ConfigError` naming the file, the
+line, the key, what is allowed, and the closest allowed name. The packaged
+default is `rules.yaml` at the root of the repository, shipped inside the
+package as `tripwire/rules.yaml`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Mapping
+
+from .errors import ConfigError, did_you_mean
+from .naming import COLLECTIONS, MODES, SCALAR_COLLECTIONS, VALUE
+from .reductions import DEFAULT_REDUCTIONS, REDUCTIONS
+from .sampling import CapturePlan, CollectionPlan, Schedule
+
+ACTIONS = ("stop", "checkpoint", "log", "report", "raise", "call")
+SCHEDULE_KEYS = ("every", "start", "end", "steps")
+# Evaluation happens once per eval run at the global step it ran at, so eval and
+# predict are sampled every time unless the config says otherwise.
+DEFAULT_MODE_SAMPLING = {"eval": {"every": 1}, "predict": {"every": 1}}
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str  # one of ACTIONS
+    target: str | None = None  # 'module:function' for `call`
+
+    def to_yaml(self):
+        return {"call": self.target} if self.name == "call" else self.name
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """One entry of `rules:`. `id` names it in verdicts (defaults to the rule name)."""
+
+    rule: str
+    id: str
+    params: dict
+    actions: tuple
+    line: int | None = None
+
+    def create(self):
+        """A fresh instance of the rule with its params."""
+        from .rules.registry import rule_class
+
+        return rule_class(self.rule)(**self.params)
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    flush_every_s: float = 1.0
+    max_queue_mb: float = 256.0
+    on_error: str = "warn"  # warn | raise | ignore
+    on_full: str = "drop"  # drop | block
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    where: str = "in_process"  # in_process | side_process
+    spawn: bool = False
+    poll_s: float = 0.25
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config. Build it with `load_config`; `to_dict()` gives back a dict that loads to the same."""
+
+    version: int = 1
+    output: str = "runs/{run_id}"
+    storage_options: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # every/start/end/steps/modes, as written
+    collections: dict = field(default_factory=dict)  # name -> {include, exclude, reductions, save, every, ...}
+    rules: tuple = ()
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    writer: WriterConfig = field(default_factory=WriterConfig)
+    workers: str = "zero"
+    tensorboard: dict = field(default_factory=dict)
+    source: str = "<dict>"
+
+    def to_dict(self) -> dict:
+        """The config as plain data (storage options left out: they may hold credentials)."""
+        return {
+            "version": self.version,
+            "output": self.output,
+            "sampling": copy.deepcopy(self.sampling),
+            "collections": copy.deepcopy(self.collections),
+            "rules": [
+                {"rule": r.rule, **({"name": r.id} if r.id != r.rule else {}), "params": dict(r.params),
+                 "actions": [a.to_yaml() for a in r.actions]}
+                for r in self.rules
+            ],
+            "evaluation": vars(self.evaluation).copy(),
+            "writer": vars(self.writer).copy(),
+            "workers": self.workers,
+            **({"tensorboard": dict(self.tensorboard)} if self.tensorboard else {}),
+        }
+
+    def create_rules(self) -> list:
+        return [spec.create() for spec in self.rules]
+
+    def plan(self) -> CapturePlan:
+        """What to capture: the configured collections plus what the rules require."""
+        return CapturePlan(_plan_collections(self))
+
+
+def load_config(config: Any = None) -> Config:
+    """A path, a YAML string, a dict, a Config, or None (the packaged default) -> a validated Config."""
+    if isinstance(config, Config):
+        return config
+    if config is None:
+        text = resources.files("tripwire").joinpath("rules.yaml").read_text()
+        return _from_text(text, "rules.yaml (packaged default)")
+    if isinstance(config, Mapping):
+        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}))
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if isinstance(config, str) and "\n" in config:
+            return _from_text(config, "<string>")
+        if not os.path.exists(path):
+            raise ConfigError(
+                f"no config file at '{path}' (working directory {os.getcwd()}). Pass a path to a YAML file, a dict, "
+                "or None for the packaged default (`tripwire rules` lists the rules).", source=path)
+        size = os.path.getsize(path)
+        from .yamlsource import MAX_BYTES
+
+        if size > MAX_BYTES:
+            raise ConfigError(f"the file is {size:,} bytes; a config may hold at most {MAX_BYTES:,}.", source=path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return _from_text(f.read(), path)
+    raise ConfigError(f"config must be a path, a dict, a tripwire.Config or None, not {type(config).__name__}.")
+
+
+def _from_text(text: str, source: str) -> Config:
+    from .yamlsource import load_yaml
+
+    data, lines = load_yaml(text, source)
+    return _build(data, _Checker(source, lines))
+
+
+class _Checker:
+    """Type and key checks that raise ConfigError at the right file, line and key."""
+
+    def __init__(self, source: str, lines: dict):
+        self.source, self.lines = source, lines
+
+    def fail(self, path: tuple, message: str):
+        line = None
+        for i in range(len(path), -1, -1):
+            if path[:i] in self.lines:
+                line = self.lines[path[:i]]
+                break
+        key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[") or None
+        raise ConfigError(message, source=self.source, line=line, key=key)
+
+    def mapping(self, value, path, allowed) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping with keys {', '.join(allowed)}; got {_show(value)}.")
+        for key in value:
+            if key not in allowed:
+                self.fail(path + (key,), f"unknown key '{key}'. Allowed here: {', '.join(allowed)}."
+                          + did_you_mean(key, allowed))
+        return value
+
+    def integer(self, value, path, minimum=None, optional=False):
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer{' or null' if optional else ''}; got {_show(value)}.")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be at least {minimum}; got {value}.")
+        return value
+
+    def number(self, value, path, positive=False):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path, f"expected a number; got {_show(value)}.")
+        if positive and not value > 0:
+            self.fail(path, f"must be greater than 0; got {value}.")
+        return float(value)
+
+    def string(self, value, path):
+        if not isinstance(value, str):
+            self.fail(path, f"expected a string; got {_show(value)}.")
+        return value
+
+    def choice(self, value, path, choices):
+        if value not in choices:
+            self.fail(path, f"'{value}' is not allowed. Choose one of: {', '.join(map(str, choices))}."
+                      + did_you_mean(value, [str(c) for c in choices]))
+        return value
+
+    def listing(self, value, path, item) -> list:
+        if value is None:
+            return []
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            self.fail(path, f"expected a list; got {_show(value)}.")
+        return [item(v, path + (i,)) for i, v in enumerate(value)]
+
+    def regex(self, value, path):
+        import re
+
+        self.string(value, path)
+        try:
+            re.compile(value)
+        except re.error as exc:
+            self.fail(path, f"'{value}' is not a valid regular expression: {exc}.")
+        return value
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) < 60 else text[:57] + '...'}"
+
+
+TOP_KEYS = ("version", "output", "storage_options", "sampling", "collections", "rules", "evaluation", "writer",
+            "workers", "tensorboard")
+COLLECTION_KEYS = ("include", "exclude", "reductions", "save") + SCHEDULE_KEYS + ("modes",)
+RULE_KEYS = ("rule", "name", "params", "actions")
+
+
+def _build(data: Any, c: _Checker) -> Config:
+    data = c.mapping(data, (), TOP_KEYS)
+    version = c.integer(data.get("version", 1), ("version",))
+    if version != 1:
+        c.fail(("version",), f"this tripwire reads config version 1; got {version}.")
+    output = c.string(data.get("output", "runs/{run_id}"), ("output",))
+    storage_options = c.mapping(data.get("storage_options"), ("storage_options",), list(data.get("storage_options") or {}))
+    sampling = _sampling(data.get("sampling"), ("sampling",), c, allow_modes=True)
+    collections = {}
+    raw_collections = c.mapping(data.get("collections"), ("collections",), list(COLLECTIONS))
+    for name, body in raw_collections.items():
+        collections[name] = _collection(name, body, ("collections", name), c)
+    rules = tuple(_rule(r, ("rules", i), c) for i, r in enumerate(c.listing(data.get("rules"), ("rules",), lambda v, p: v)))
+    ids = [r.id for r in rules]
+    for i, rid in enumerate(ids):
+        if rid in ids[:i]:
+            c.fail(("rules", i), f"rule '{rid}' is listed twice; give one of them its own `name:`.")
+    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s"))
+    evaluation = EvaluationConfig(
+        where=c.choice(ev.get("where", "in_process"), ("evaluation", "where"), ("in_process", "side_process")),
+        spawn=_boolean(ev.get("spawn", False), ("evaluation", "spawn"), c),
+        poll_s=c.number(ev.get("poll_s", 0.25), ("evaluation", "poll_s"), positive=True),
+    )
+    wr = c.mapping(data.get("writer"), ("writer",), ("flush_every_s", "max_queue_mb", "on_error", "on_full"))
+    writer = WriterConfig(
+        flush_every_s=c.number(wr.get("flush_every_s", 1.0), ("writer", "flush_every_s"), positive=True),
+        max_queue_mb=c.number(wr.get("max_queue_mb", 256), ("writer", "max_queue_mb"), positive=True),
+        on_error=c.choice(wr.get("on_error", "warn"), ("writer", "on_error"), ("warn", "raise", "ignore")),
+        on_full=c.choice(wr.get("on_full", "drop"), ("writer", "on_full"), ("drop", "block")),
+    )
+    workers = c.choice(data.get("workers", "zero"), ("workers",), ("zero", "all"))
+    tb = c.mapping(data.get("tensorboard"), ("tensorboard",), ("dir",))
+    if tb:
+        c.string(tb.get("dir"), ("tensorboard", "dir"))
+    config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
+                    collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
+                    tensorboard=dict(tb), source=c.source)
+    if not _plan_collections(config):
+        c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
+                   "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
+    return config
+
+
+def _boolean(value, path, c):
+    if not isinstance(value, bool):
+        c.fail(path, f"expected true or false; got {_show(value)}.")
+    return value
+
+
+def _sampling(value, path, c: _Checker, allow_modes: bool) -> dict:
+    keys = SCHEDULE_KEYS + (("modes",) if allow_modes else ())
+    raw = c.mapping(value, path, keys)
+    out: dict = {}
+    if "every" in raw:
+        out["every"] = c.integer(raw["every"], path + ("every",), minimum=0)
+    if "start" in raw:
+        out["start"] = c.integer(raw["start"], path + ("start",), minimum=0)
+    if "end" in raw:
+        out["end"] = c.integer(raw["end"], path + ("end",), minimum=0, optional=True)
+    if "steps" in raw:
+        out["steps"] = sorted(set(c.listing(raw["steps"], path + ("steps",), lambda v, p: c.integer(v, p, minimum=0))))
+    if "start" in out and out.get("end") is not None and out["end"] <= out["start"]:
+        c.fail(path + ("end",), f"end ({out['end']}) must be after start ({out['start']}); end is exclusive.")
+    if allow_modes and "modes" in raw:
+        modes = c.mapping(raw["modes"], path + ("modes",), MODES)
+        out["modes"] = {m: _sampling(v, path + ("modes", m), c, allow_modes=False) for m, v in modes.items()}
+    return out
+
+
+def _collection(name: str, body: Any, path: tuple, c: _Checker) -> dict:
+    raw = c.mapping(body, path, COLLECTION_KEYS)
+    out = _sampling({k: raw[k] for k in raw if k in SCHEDULE_KEYS + ("modes",)}, path, c, allow_modes=True)
+    for key in ("include", "exclude"):
+        if key in raw:
+            out[key] = c.listing(raw[key], path + (key,), c.regex)
+    if "reductions" in raw:
+        if name in SCALAR_COLLECTIONS:
+            c.fail(path + ("reductions",), f"'{name}' holds scalars, stored as '{VALUE}'; reductions do not apply. "
+                                           "Remove this key.")
+        out["reductions"] = c.listing(raw["reductions"], path + ("reductions",),
+                                      lambda v, p: c.choice(v, p, tuple(REDUCTIONS)))
+    if "save" in raw:
+        out["save"] = c.choice(raw["save"], path + ("save",), ("reductions", "tensors"))
+    return out
+
+
+def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec:
+    from .rules.registry import RuleLoadError, rule_class, rule_names
+
+    if isinstance(value, str):
+        value = {"rule": value}
+    raw = c.mapping(value, path, RULE_KEYS)
+    if "rule" not in raw:
+        c.fail(path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
+    ref = c.string(raw["rule"], path + ("rule",))
+    try:
+        cls = rule_class(ref)
+    except RuleLoadError as exc:
+        c.fail(path + ("rule",), str(exc) + ("" if ":" in ref else did_you_mean(ref, rule_names())))
+    rule_id = c.string(raw.get("name", ref), path + ("name",))
+    params = c.mapping(raw.get("params"), path + ("params",), list(cls.parameters()))
+    defaults = cls.parameters()
+    for key, given in params.items():
+        default = defaults[key]
+        if default is not None and not _same_kind(given, default):
+            c.fail(path + ("params", key), f"expected {_kind(default)} like the default {default!r}; got {_show(given)}.")
+    try:
+        cls(**params)
+    except (TypeError, ValueError) as exc:
+        c.fail(path + ("params",), f"rule {ref} does not accept these params: {exc}")
+    actions = tuple(_action(a, path + ("actions", i), c)
+                    for i, a in enumerate(c.listing(raw.get("actions", ["log"]), path + ("actions",), lambda v, p: v)))
+    return RuleSpec(rule=ref, id=rule_id, params=dict(params), actions=actions, line=c.lines.get(path))
+
+
+def _same_kind(given, default) -> bool:
+    if isinstance(default, bool):
+        return isinstance(given, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(given, (int, float)) and not isinstance(given, bool) and (
+            isinstance(default, float) or isinstance(given, int))
+    if isinstance(default, (list, tuple)):
+        return isinstance(given, (list, tuple))
+    return isinstance(given, type(default))
+
+
+def _kind(default) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
+            tuple: "a list", dict: "a mapping"}.get(type(default), type(default).__name__)
+
+
+def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
+    if isinstance(value, dict):
+        raw = c.mapping(value, path, ("call",))
+        target = c.string(raw.get("call"), path + ("call",))
+        if ":" not in target:
+            c.fail(path + ("call",), f"'{target}' must be 'module:function'.")
+        return ActionSpec("call", target)
+    name = c.choice(value, path, tuple(a for a in ACTIONS if a != "call"))
+    return ActionSpec(name)
+
+
+def resolved_schedule(config: Config, collection: dict, mode: str) -> Schedule:
+    """A collection's schedule in a mode: collection-mode > collection > sampling-mode > sampling > defaults."""
+    layers = [config.sampling, DEFAULT_MODE_SAMPLING.get(mode, {}), config.sampling.get("modes", {}).get(mode, {}),
+              collection, collection.get("modes", {}).get(mode, {})]
+    merged: dict = {"every": 100, "start": 0, "end": None, "steps": []}
+    for layer in layers:
+        merged.update({k: layer[k] for k in SCHEDULE_KEYS if k in layer})
+    return Schedule(merged["every"], merged["start"], merged["end"], frozenset(merged["steps"]))
+
+
+def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
+    wanted: dict[str, dict] = {name: dict(body) for name, body in config.collections.items()}
+    everywhere: list = []  # reductions a rule wants on every tensor collection captured
+    for spec in config.rules:
+        for req in spec.create().requires():
+            if req.collection == "*":
+                everywhere.extend(req.reductions)
+                continue
+            # a collection that only a rule asks for captures only what the rule needs
+            body = wanted.setdefault(req.collection, {"reductions": [], "include": list(req.include)})
+            body["reductions"] = [*body.get("reductions", DEFAULT_REDUCTIONS), *req.reductions]
+            if body.get("include") and req.include:  # patterns widen a selection; no patterns already take all
+                body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
+            if req.save_tensors:
+                body["save"] = "tensors"
+    plans = {}
+    for name, body in wanted.items():
+        scalar = name in SCALAR_COLLECTIONS
+        reductions = (VALUE,) if scalar else tuple(dict.fromkeys([*body.get("reductions", DEFAULT_REDUCTIONS),
+                                                                   *everywhere]))
+        plans[name] = CollectionPlan(
+            name=name,
+            reductions=reductions,
+            save_tensors=body.get("save") == "tensors" and not scalar,
+            schedules={m: resolved_schedule(config, body, m) for m in MODES},
+            include=tuple(body.get("include", ())),
+            exclude=tuple(body.get("exclude", ())),
+        )
+    return plans

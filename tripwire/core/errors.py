@@ -1,0 +1,61 @@
+"""The exceptions tripwire raises. Each message says what was asked, what exists, and what to do."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class TripwireError(Exception):
+    """Base class of every error tripwire raises on purpose."""
+
+
+class ConfigError(TripwireError, ValueError):
+    """A config that cannot be used. Carries the file, line and key when they are known."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None, key: str | None = None):
+        self.source, self.line, self.key = source, line, key
+        where = source or "<config>"
+        if line is not None:
+            where += f":{line}"
+        prefix = f"{where}: " + (f"{key}: " if key else "")
+        super().__init__(prefix + message)
+
+
+class RunNotFound(TripwireError, FileNotFoundError):
+    """No run at the URL given."""
+
+
+class TensorUnavailable(TripwireError, LookupError):
+    """A tensor (or one of its reductions, modes or workers) that the run does not hold."""
+
+
+class StepUnavailable(TripwireError, LookupError):
+    """A step that a tensor's series does not hold."""
+
+
+class StorageError(TripwireError, OSError):
+    """The run store could not be written (raised in training only under `writer.on_error: raise`)."""
+
+
+class RuleFired(TripwireError):
+    """Raised out of training by the `raise` action; `.verdict` is the verdict that fired."""
+
+    def __init__(self, verdict):
+        self.verdict = verdict
+        super().__init__(f"rule {verdict.rule} fired at step {verdict.step}: {verdict.message}")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' Did you mean 'x'?' for the closest choice, or ''."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def listing(items: Iterable[str], limit: int = 12) -> str:
+    """A short comma-separated listing of names, with a count of the rest."""
+    items = sorted(items)
+    if not items:
+        return "(none)"
+    shown = ", ".join(items[:limit])
+    return shown + (f", … ({len(items) - limit} more)" if len(items) > limit else "")

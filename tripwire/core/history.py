@@ -1,0 +1,91 @@
+"""Recent history in memory: what the in-process rule engine reads.
+
+It holds the last `capacity` samples of each series and the last
+`tensor_capacity` full values of each tensor, so memory stays bounded
+however long training runs. It answers through the same `View` interface as
+a stored run.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .view import View
+
+
+class _Ring:
+    """Steps and values of one series, trimmed to the newest `capacity` entries (amortised O(1) append)."""
+
+    __slots__ = ("steps", "values", "capacity")
+
+    def __init__(self, capacity: int):
+        self.steps: list = []
+        self.values: list = []
+        self.capacity = capacity
+
+    def add(self, step: int, value: float) -> None:
+        if self.steps and self.steps[-1] == step:  # the same step recorded again: keep the latest
+            self.values[-1] = value
+            return
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.steps) >= 2 * self.capacity:
+            del self.steps[:-self.capacity], self.values[:-self.capacity]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.capacity
+        return np.array(self.steps[-n:], dtype=np.int64), np.array(self.values[-n:], dtype=np.float64)
+
+
+class History(View):
+    def __init__(self, capacity: int = 64, tensor_capacity: int = 1):
+        super().__init__()
+        self.capacity, self.tensor_capacity = max(2, capacity), max(1, tensor_capacity)
+        self._rings: dict[tuple, _Ring] = {}
+        self._row_steps: dict[tuple, _Ring] = {}
+        self._tensors: dict[tuple, collections.OrderedDict] = {}
+
+    def add(self, worker: int, mode: str, step: int, values: dict, tensors: dict | None = None) -> None:
+        """Add one sample: {name: {reduction: float}} and {name: array}."""
+        rows = self._row_steps.get((worker, mode))
+        if rows is None:
+            rows = self._row_steps[(worker, mode)] = _Ring(self.capacity)
+        rows.add(step, 0.0)
+        for name, reductions in values.items():
+            for reduction, value in reductions.items():
+                ring = self._rings.get((worker, mode, name, reduction))
+                if ring is None:
+                    ring = self._rings[(worker, mode, name, reduction)] = _Ring(self.capacity)
+                    self._catalog.setdefault((worker, mode, name), set()).add(reduction)
+                    self._version += 1
+                ring.add(step, value)
+        for name, array in (tensors or {}).items():
+            kept = self._tensors.get((worker, mode, name))
+            if kept is None:
+                kept = self._tensors[(worker, mode, name)] = collections.OrderedDict()
+                self._catalog.setdefault((worker, mode, name), set()).add(self.TENSOR)
+                self._version += 1
+            kept[step] = array
+            while len(kept) > self.tensor_capacity:
+                kept.popitem(last=False)
+
+    def _series(self, name, reduction, mode, worker):
+        return self._rings[(worker, mode, name, reduction)].arrays()
+
+    def _steps(self, mode, worker):
+        ring = self._row_steps.get((worker, mode))
+        return ring.arrays()[0] if ring else np.empty(0, dtype=np.int64)
+
+    def _tensor_steps(self, name, mode, worker):
+        return np.array(sorted(self._tensors.get((worker, mode, name), {})), dtype=np.int64)
+
+    def _value(self, name, step, mode, worker):
+        return self._tensors[(worker, mode, name)][step]
+
+    def _at(self, name, reduction, mode, worker, step):
+        ring = self._rings.get((worker, mode, name, reduction))
+        if ring is not None and ring.steps and ring.steps[-1] == step:
+            return float(ring.values[-1])
+        return super()._at(name, reduction, mode, worker, step)

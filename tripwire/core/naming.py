@@ -1,0 +1,40 @@
+"""Tensor names and collections.
+
+A tensor's name is `collection/path`, where the path is the framework's own
+(`named_parameters()`, Keras variable paths, XGBoost feature names).
+"""
+
+from __future__ import annotations
+
+MODES = ("train", "eval", "predict")
+
+# Every collection a plugin can fill. Scalar collections hold one number per
+# step, stored under the reduction name "value"; the others hold tensors.
+COLLECTIONS = {
+    "weights": "trainable parameters that are not biases",
+    "biases": "trainable bias parameters",
+    "gradients": "gradients of the trainable parameters, read before the optimizer step",
+    "updates": "the change of each parameter over the step (after minus before the optimizer step)",
+    "activations": "outputs of the selected layers/modules",
+    "losses": "the training loss (and eval loss where the framework reports one)",
+    "metrics": "metrics the framework logs (Lightning callback_metrics, Keras logs, XGBoost evals_log)",
+    "optimizer": "optimizer state: learning rate, momentum",
+    "inputs": "the batch inputs",
+    "labels": "the batch labels",
+    "predictions": "the model's predictions for the batch",
+    "custom": "tensors the user hands to the callback's save_tensor()",
+    "trees": "XGBoost per-round tree statistics: depth, leaves, splits",
+    "feature_importance": "XGBoost feature importance by type",
+}
+SCALAR_COLLECTIONS = frozenset({"losses", "metrics", "optimizer", "trees", "feature_importance"})
+VALUE = "value"  # the reduction name under which scalars are stored
+
+
+def collection_of(name: str) -> str:
+    """The collection part of a tensor name (`gradients/net.0.weight` -> `gradients`)."""
+    return name.split("/", 1)[0]
+
+
+def path_of(name: str) -> str:
+    """The framework path part of a tensor name (`gradients/net.0.weight` -> `net.0.weight`)."""
+    return name.split("/", 1)[1] if "/" in name else name

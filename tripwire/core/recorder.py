@@ -1,0 +1,193 @@
+"""The recorder: what a plugin talks to. One per training process (worker).
+
+A plugin asks `recorder.plan.at(mode, step)` whether anything is sampled, and
+if so gathers and reduces the tensors and calls `record()`. The recorder
+queues the sample for the writer thread, evaluates the rules in-process (or,
+with `evaluation.where: side_process`, picks up the watcher's verdicts), runs
+the actions it can run itself, and hands back a `Decision` for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from .. import __version__
+from .actions import Decision, apply
+from .config import Config, load_config
+from .history import History
+from .rules.engine import RuleEngine
+from .store import FORMAT_VERSION, MANIFEST, SHARD_RE, Store, new_run_id, output_url
+from .verdict import Verdict
+from .writer import Sample, Writer
+
+log = logging.getLogger("tripwire")
+STORAGE_OPTIONS_ENV = "TRIPWIRE_STORAGE_OPTIONS"
+
+
+def make_run_url(config: Config, out_dir=None) -> str:
+    """Where a new run goes: `out_dir` if given, else the config's `output` with a fresh {run_id}."""
+    return output_url(str(out_dir) if out_dir is not None else config.output, new_run_id()).rstrip("/")
+
+
+class Recorder:
+    def __init__(self, config=None, *, run_url: str, framework: str, framework_version: str = "", worker: int = 0,
+                 world_size: int = 1, storage_options: dict | None = None, info: dict | None = None):
+        self.config = load_config(config)
+        self.plan = self.config.plan()
+        self.run_url, self.worker, self.world_size = run_url, worker, world_size
+        self.framework, self.framework_version = framework, framework_version
+        self.storage_options = {**self.config.storage_options, **(storage_options or {})}
+        self.info = dict(info or {})
+        in_process = self.config.evaluation.where == "in_process"
+        self.engine = RuleEngine(self.config.rules) if in_process else None
+        self.history = History(self.engine.history, self.engine.tensor_history) if in_process else None
+        self.verdicts: list[Verdict] = []
+        self.store: Store | None = None
+        self.writer: Writer | None = None
+        self.last_step: int | None = None
+        self._actions = {spec.id: spec.actions for spec in self.config.rules}
+        self._inbox: list[Verdict] = []
+        self._inbox_lock = threading.Lock()
+        self._seen_verdicts: set[str] | None = None
+        self._watcher: subprocess.Popen | None = None
+        self._watcher_warned = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the run (create it, or append to it when resuming) and start the writer thread."""
+        if self.writer is not None:
+            return
+        self.store = Store(self.run_url, self.storage_options)
+        if self.worker == 0 and not self.store.exists(MANIFEST):
+            self.store.put_json(MANIFEST, {
+                "format_version": FORMAT_VERSION, "run_id": self.run_url.rsplit("/", 1)[-1],
+                "framework": self.framework, "framework_version": self.framework_version,
+                "tripwire_version": __version__, "created": time.time(), "world_size": self.world_size,
+                "config": self.config.to_dict(), **self.info})
+        seqs = [int(m.group(2)) for m in map(SHARD_RE.match, self.store.list("shards"))
+                if m and int(m.group(1)) == self.worker]
+        side = self.config.evaluation.where == "side_process"
+        self.writer = Writer(self.store, self.worker, self.config.writer, first_seq=max(seqs, default=-1) + 1,
+                             poll=self._poll_store if side else None, poll_s=self.config.evaluation.poll_s,
+                             status={"world_size": self.world_size})
+        if side and self.config.evaluation.spawn and self.worker == 0:
+            self._spawn_watcher()
+
+    def finish(self, state: str = "finished") -> None:
+        """Final verdicts (no_data), the report if asked for, the last shard, the index, the final status."""
+        if self.writer is None:
+            return
+        if self.engine is not None:
+            for verdict in self.engine.finish(self.history, self.last_step or 0, self.worker):
+                self._keep(verdict)
+                log.warning("tripwire: %s", verdict.describe(with_hint=False))
+        if any(a.name == "report" for actions in self._actions.values() for a in actions):
+            self.write_report()
+        try:
+            self.writer.close(state)
+        finally:
+            self.writer = None
+            self._stop_watcher()
+
+    # -- per step -------------------------------------------------------------------------------------------------
+    def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
+        """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it."""
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        self.writer.put(Sample(step, mode, values, tensors or {}))
+        if self.engine is None:
+            return self.poll()
+        self.history.add(self.worker, mode, step, values, tensors)
+        decision = Decision()
+        for verdict in self.engine.evaluate(self.history, step, mode, self.worker):
+            self._keep(verdict)
+            self.writer.put_verdict(verdict)
+            decision.merge(self._act(verdict))
+        return decision
+
+    def poll(self) -> Decision:
+        """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""
+        decision = Decision()
+        if not self._inbox:
+            self._check_watcher()
+            return decision
+        with self._inbox_lock:
+            verdicts, self._inbox = self._inbox, []
+        for verdict in verdicts:
+            self._keep(verdict)
+            decision.merge(self._act(verdict))
+        return decision
+
+    def checkpoint_url(self, verdict: Verdict, suffix: str) -> str:
+        safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in verdict.rule)
+        return self.store.url_of(f"checkpoints/{safe}-step{verdict.step}-worker{verdict.worker}{suffix}")
+
+    def write_report(self) -> None:
+        from .report import write_json_report
+
+        try:
+            write_json_report(self.store, self.verdicts)
+        except Exception as exc:  # noqa: BLE001 - a report must not stop training
+            log.warning("tripwire: could not write the report: %s", exc)
+
+    # -- internals ------------------------------------------------------------------------------------------------
+    def _keep(self, verdict: Verdict) -> None:
+        self.verdicts.append(verdict)
+
+    def _act(self, verdict: Verdict) -> Decision:
+        if not verdict.fired:
+            log.warning("tripwire: %s", verdict.describe(with_hint=False))
+            return Decision(verdicts=[verdict])
+        return apply(verdict, self._actions.get(verdict.rule, ()), self.write_report)
+
+    def _poll_store(self) -> None:
+        """Writer thread: read verdicts the watcher stored that this process has not seen."""
+        names = self.store.list("verdicts")
+        if self._seen_verdicts is None:  # what was there before this process started is not news
+            self._seen_verdicts = set(names)
+            return
+        fresh = sorted(set(names) - self._seen_verdicts)
+        for name in fresh:
+            try:
+                verdict = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
+            except (OSError, ValueError, TypeError):
+                continue  # not complete yet or not ours; looked at again next time
+            self._seen_verdicts.add(name)
+            with self._inbox_lock:
+                self._inbox.append(verdict)
+
+    def _spawn_watcher(self) -> None:
+        env = dict(os.environ)
+        if self.storage_options:
+            env[STORAGE_OPTIONS_ENV] = json.dumps(self.storage_options)
+        try:
+            self._watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", self.run_url, "--quiet"],
+                                             env=env, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            log.warning("tripwire: could not start the side-process watcher (%s); training goes on without rule "
+                        "evaluation. Run `tripwire watch %s` yourself.", exc, self.run_url)
+
+    def _check_watcher(self) -> None:
+        if self._watcher is not None and not self._watcher_warned and self._watcher.poll() is not None:
+            self._watcher_warned = True
+            log.warning("tripwire: the side-process watcher exited (code %s) while training runs; rules are no "
+                        "longer evaluated. Training goes on. Restart it with `tripwire watch %s`.",
+                        self._watcher.returncode, self.run_url)
+
+    def _stop_watcher(self, grace_s: float = 10.0) -> None:
+        if self._watcher is None:
+            return
+        try:
+            self._watcher.wait(grace_s)  # it exits by itself once it sees the run finished
+        except subprocess.TimeoutExpired:
+            self._watcher.terminate()
+            try:
+                self._watcher.wait(5)
+            except subprocess.TimeoutExpired:
+                self._watcher.kill()
+        self._watcher = None

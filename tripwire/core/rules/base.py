@@ -1,0 +1,64 @@
+"""The rule base class. Built-in and custom rules are the same kind of object.
+
+A rule is a small (usually dataclass) class: its fields are its parameters,
+`requires()` declares the collections and reductions it reads (enabling the
+rule turns that capture on), and `check(run, step)` looks at the run as of
+`step` and returns a Verdict or None. `run` is a read view scoped to the
+mode and worker being evaluated, the same interface as `tripwire.open_run`,
+backed by recent memory in the training process or by the store elsewhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..verdict import Verdict
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Data a rule reads: a collection ("*" = every tensor collection captured), its reductions, full tensors,
+    and, for a collection that would otherwise capture everything, which tensors (`include` patterns)."""
+
+    collection: str
+    reductions: tuple = ()
+    save_tensors: bool = False
+    include: tuple = ()
+
+
+class Rule:
+    name: ClassVar[str] = ""
+    condition: ClassVar[str] = ""  # the exact condition, one or two sentences
+    hint: ClassVar[str] = ""  # likely causes and what to try
+    source: ClassVar[str] = ""  # where the condition and defaults come from
+    modes: ClassVar[tuple] = ("train",)  # the modes whose steps the rule is evaluated at
+    history: ClassVar[int] = 1  # samples per series the rule looks back over
+
+    @classmethod
+    def parameters(cls) -> dict:
+        """Parameter name -> default (None where there is none), from the constructor's signature."""
+        if cls.__init__ is object.__init__:
+            return {}
+        params = inspect.signature(cls).parameters.values()
+        return {p.name: (None if p.default is p.empty else p.default) for p in params
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    @property
+    def params(self) -> dict:
+        return {name: getattr(self, name, None) for name in self.parameters()}
+
+    @classmethod
+    def rule_name(cls) -> str:
+        return cls.name or cls.__name__
+
+    def requires(self) -> list[Requirement]:
+        return []
+
+    def check(self, run, step: int) -> Verdict | None:
+        raise NotImplementedError
+
+    def fire(self, step: int, message: str, **evidence) -> Verdict:
+        """A fired verdict for this rule; the engine fills in the rule id, mode and worker."""
+        return Verdict(rule=self.rule_name(), step=int(step), message=message, evidence=evidence, hint=self.hint)

@@ -1,0 +1,88 @@
+"""The rule engine: one for the training process, `tripwire watch` and `tripwire check`.
+
+It evaluates each rule at the steps of the modes the rule looks at, through
+a view scoped to that step, mode and worker. A rule fires at most once per
+worker: its verdict is the first step its condition held. A rule that raises
+gives one `error` verdict and is disabled for the rest of the run; training
+goes on. At the end, a rule that never saw the data it requires gives a
+`no_data` verdict instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import replace
+
+from ..naming import collection_of
+from ..verdict import Verdict
+
+log = logging.getLogger("tripwire")
+
+
+class _Slot:
+    def __init__(self, spec):
+        self.spec = spec
+        self.rule = spec.create()
+        self.fired: set[int] = set()  # workers
+        self.failed = False
+        self.evaluated = False
+
+
+class RuleEngine:
+    def __init__(self, specs, source: str = "in_process"):
+        self.slots = [_Slot(spec) for spec in specs]
+        self.source = source
+
+    @property
+    def history(self) -> int:
+        """How many samples per series the rules look back over."""
+        return max([s.rule.history for s in self.slots] + [1])
+
+    @property
+    def tensor_history(self) -> int:
+        needs = [s.rule.history for s in self.slots if any(r.save_tensors for r in s.rule.requires())]
+        return max(needs + [1])
+
+    def evaluate(self, view, step: int, mode: str, worker: int) -> list[Verdict]:
+        """New verdicts at this step (fired or error)."""
+        out = []
+        scoped = None
+        for slot in self.slots:
+            if slot.failed or worker in slot.fired or mode not in slot.rule.modes:
+                continue
+            scoped = scoped or view.at(step, mode, worker)
+            slot.evaluated = True
+            try:
+                verdict = slot.rule.check(scoped, step)
+            except Exception as exc:  # noqa: BLE001 - a failing rule must never stop training
+                slot.failed = True
+                out.append(Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error",
+                                   source=self.source,
+                                   message=f"the rule raised {type(exc).__name__}: {exc}; it is disabled for the "
+                                           "rest of the run.",
+                                   evidence={"traceback": traceback.format_exc(limit=5)}))
+                continue
+            if verdict is not None:
+                slot.fired.add(worker)
+                out.append(replace(verdict, rule=slot.spec.id, mode=mode, worker=worker, source=self.source,
+                                   hint=verdict.hint or slot.rule.hint))
+        return out
+
+    def finish(self, view, step: int, worker: int = 0) -> list[Verdict]:
+        """`no_data` verdicts for rules that never fired and never had the data they require."""
+        out = []
+        collections = {collection_of(n) for n in view.tensor_names()}
+        for slot in self.slots:
+            if slot.failed or slot.fired:
+                continue
+            missing = [r.collection for r in slot.rule.requires()
+                       if r.collection != "*" and r.collection not in collections]
+            if missing or not slot.evaluated:
+                what = f"collections {', '.join(missing)} were never captured" if missing else \
+                    f"it was never evaluated (no step of mode {', '.join(slot.rule.modes)} was sampled)"
+                out.append(Verdict(rule=slot.spec.id, step=step, worker=worker, status="no_data",
+                                   source=self.source, hint=slot.rule.hint,
+                                   message=f"the rule could not check anything: {what}. Check that the "
+                                           "framework provides them and that their steps are sampled."))
+        return out

@@ -1,0 +1,253 @@
+"""The read API over a stored run: `tripwire.open_run(url)`.
+
+Opening reads the manifest and the headers of the index and shards, nothing
+else. A series is read entry by entry (one byte range per file that holds
+it) and cached; `refresh()` reads only the headers of shards that appeared
+since, and the next read of a series appends only their part. Files that are
+not shards (corrupt, truncated, foreign) are skipped with a warning and
+listed in `run.skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import RunNotFound, listing
+from .shardfile import Entry, ShardFormatError, decode_header, header_length
+from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status, status_name
+from .verdict import Verdict
+from .view import View, merge_sorted
+
+_PREFIX = 65536  # bytes read at once for a header
+_SECTION_CACHE_BYTES = 4 << 20  # reductions sections up to this size are read whole
+
+
+@dataclass
+class _File:
+    rel: str
+    entries: dict
+    meta: dict
+
+    def section(self) -> tuple[int, int] | None:
+        sec = self.meta.get("section")
+        if not sec or not self.entries:
+            return None
+        base = min(e.begin for e in self.entries.values())
+        return base, base + int(sec)
+
+
+class Run(View):
+    """A run in a store. See the module docstring and DESIGN.md's contract."""
+
+    def __init__(self, url, storage_options: dict | None = None):
+        super().__init__()
+        self.store = url if isinstance(url, Store) else Store(str(url), storage_options)
+        self.url = self.store.url
+        try:
+            self._manifest = self.store.get_json(MANIFEST)
+        except FileNotFoundError:
+            raise RunNotFound(self._not_found_message()) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RunNotFound(f"{self.url}/{MANIFEST} is not a tripwire manifest ({exc}).") from None
+        if self._manifest.get("format_version", 0) > FORMAT_VERSION:
+            warnings.warn(f"{self.url} was written in store format {self._manifest.get('format_version')}; this "
+                          f"tripwire reads format {FORMAT_VERSION}. Upgrade tripwire to read all of it.")
+        self.skipped: dict[str, str] = {}
+        self._files: dict[str, _File] = {}
+        self._index_upto: dict[int, int] = {}  # worker -> seq covered by its index
+        self._chunks: dict[tuple, list] = defaultdict(list)  # (w, mode, name, red) -> [(file, values, steps)]
+        self._step_chunks: dict[tuple, list] = defaultdict(list)  # (w, mode) -> [(file, entry)]
+        self._tensor_loc: dict[tuple, dict] = defaultdict(dict)  # (w, mode, name) -> {step: (rel, Entry)}
+        self._merged: dict[tuple, tuple] = {}  # key -> (chunks merged, steps, values)
+        self._sections: dict[str, bytes] = {}
+        self._verdicts: dict[str, Verdict] = {}
+        self.refresh()
+
+    def __repr__(self):
+        return f"Run({self.url!r})"
+
+    def _not_found_message(self) -> str:
+        try:
+            entries = sorted(self.store.list(""))
+        except Exception:  # noqa: BLE001 - only used to make the message more helpful
+            entries = []
+        found = f" The folder holds: {listing(entries)}." if entries else " Nothing is stored there."
+        return (f"no tripwire run at {self.url} (no {MANIFEST}).{found} A run folder is the `out_dir` "
+                "(or `output`) the callback wrote to; `tripwire ls ROOT` lists the runs under a folder.")
+
+    # -- metadata -------------------------------------------------------------------------------------------------
+    @property
+    def info(self) -> dict:
+        """Manifest plus live state: status, workers' status, lost and dropped step counts."""
+        statuses = self._statuses()
+        info = dict(self._manifest)
+        info["status"] = run_status(statuses, stale_s=max(120.0, 20 * self._flush_every()))
+        info["workers"] = {w: s for w, s in sorted(statuses.items())}
+        info["lost_steps"] = sum(int(s.get("lost_steps", 0)) for s in statuses.values())
+        info["dropped_steps"] = sum(int(s.get("dropped_steps", 0)) for s in statuses.values())
+        return info
+
+    def _flush_every(self) -> float:
+        return float(self._manifest.get("config", {}).get("writer", {}).get("flush_every_s", 1.0))
+
+    def _statuses(self) -> dict[int, dict]:
+        out = {}
+        for name in self.store.list("status"):
+            if not name.endswith(".json") or name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                out[int(name[:-5])] = json.loads(self.store.get(f"status/{name}"))
+            except (ValueError, OSError) as exc:
+                self._skip(f"status/{name}", f"unreadable status: {exc}")
+        return out
+
+    def workers(self) -> list[int]:
+        return super().workers() or sorted(self._statuses())
+
+    def verdicts(self) -> list[Verdict]:
+        """Every verdict stored in the run, in step order."""
+        for name in self.store.list("verdicts"):
+            if name in self._verdicts or not name.endswith(".json") or name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                self._verdicts[name] = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
+            except (ValueError, TypeError, OSError) as exc:
+                self._skip(f"verdicts/{name}", f"unreadable verdict: {exc}")
+        return sorted(self._verdicts.values(), key=lambda v: (v.step, v.time))
+
+    # -- following a live run -------------------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Read what a writer added since the last call; returns the number of new (mode, step) rows."""
+        new_rows = 0
+        if not self._files:  # an index is only used when nothing was read before it
+            for name, size in sorted(self.store.list("index").items()):
+                m = INDEX_RE.match(name)
+                if not m:
+                    self._foreign(f"index/{name}")
+                    continue
+                worker, upto = int(m.group(1)), int(m.group(2))
+                if upto > self._index_upto.get(worker, -1):
+                    loaded = self._load(f"index/{name}", size)
+                    if loaded is not None:
+                        self._index_upto[worker] = upto
+                        new_rows += loaded
+        for name, size in sorted(self.store.list("shards").items()):
+            rel = f"shards/{name}"
+            if rel in self._files or rel in self.skipped:
+                continue
+            m = SHARD_RE.match(name)
+            if not m:
+                self._foreign(rel)
+                continue
+            if int(m.group(2)) <= self._index_upto.get(int(m.group(1)), -1):
+                continue
+            new_rows += self._load(rel, size) or 0
+        return new_rows
+
+    def wait_for_step(self, step: int, timeout: float | None = None, mode: str = "train") -> bool:
+        """Wait until `step` is stored (True), or the run ends without it or the timeout passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            if any(self._steps(mode, w).size and self._steps(mode, w)[-1] >= step for w in self.workers()):
+                return True
+            if self.info["status"] != "running" and not self.refresh():
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if not self.refresh():
+                time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * 1.5, 0.5)
+
+    # -- loading files --------------------------------------------------------------------------------------------
+    def _skip(self, rel: str, reason: str) -> None:
+        if rel not in self.skipped:
+            self.skipped[rel] = reason
+            warnings.warn(f"tripwire: skipped {self.url}/{rel}: {reason}", stacklevel=3)
+
+    def _foreign(self, rel: str) -> None:
+        if not rel.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+            self._skip(rel, "not a tripwire file (unexpected name)")
+
+    def _load(self, rel: str, size: int) -> int | None:
+        try:
+            prefix = self.store.get(rel, 0, min(size, _PREFIX)) if size else self.store.get(rel)
+            n = header_length(prefix)
+            head = prefix[8:8 + n] if len(prefix) >= 8 + n else self.store.get(rel, 8, 8 + n)
+            entries, meta = decode_header(head, size or None)
+            if meta.get("format_version", 1) > FORMAT_VERSION:
+                raise ShardFormatError(f"store format {meta.get('format_version')} is newer than this tripwire's")
+            file = _File(rel, entries, meta)
+            worker = int(meta["worker"])
+            for mode, entry in meta["steps"].items():
+                self._step_chunks[(worker, mode)].append((file, entries[entry]))
+            for mode, name, reduction, values, steps in meta["series"]:
+                self._chunks[(worker, mode, name, reduction)].append((file, entries[values], entries[steps]))
+                self._catalog.setdefault((worker, mode, name), set()).add(reduction)
+            for item in meta["tensors"]:
+                mode, name, step = item[0], item[1], int(item[2])
+                if len(item) == 4:  # in a shard: [mode, name, step, entry]
+                    where = (rel, entries[item[3]])
+                else:  # in an index: [mode, name, step, shard, begin, end, dtype, shape]
+                    where = (item[3], Entry(item[6], tuple(item[7]), int(item[4]), int(item[5])))
+                self._tensor_loc[(worker, mode, name)][step] = where
+                self._catalog.setdefault((worker, mode, name), set()).add(self.TENSOR)
+        except (ShardFormatError, KeyError, ValueError, TypeError, OSError) as exc:
+            self._skip(rel, f"not a readable shard ({type(exc).__name__}: {exc})")
+            return None
+        self._files[rel] = file
+        self._version += 1
+        return int(sum(meta.get("rows", {}).values()))
+
+    def _read(self, file: _File, entry: Entry):
+        section = file.section()
+        if section and entry.end <= section[1] and section[1] - section[0] <= _SECTION_CACHE_BYTES:
+            blob = self._sections.get(file.rel)
+            if blob is None:
+                blob = self._sections[file.rel] = self.store.get(file.rel, *section)
+                if sum(map(len, self._sections.values())) > 64 * _SECTION_CACHE_BYTES:
+                    self._sections.pop(next(iter(self._sections)))
+            return entry.decode(blob[entry.begin - section[0]:entry.end - section[0]])
+        return entry.decode(self.store.get(file.rel, entry.begin, entry.end))
+
+    # -- View primitives ------------------------------------------------------------------------------------------
+    def _series(self, name, reduction, mode, worker):
+        key = (worker, mode, name, reduction)
+        chunks = self._chunks.get(key, [])
+        done, steps, values = self._merged.get(key, (0, None, None))
+        if done < len(chunks) or steps is None:
+            parts = [] if steps is None else [(steps, values)]
+            parts += [(self._read(f, s).astype(np.int64), self._read(f, v).astype(np.float64))
+                      for f, v, s in chunks[done:]]
+            steps, values = merge_sorted(parts)
+            self._merged[key] = (len(chunks), steps, values)
+        return steps, values
+
+    def _steps(self, mode, worker):
+        key = ("#steps", worker, mode)
+        chunks = self._step_chunks.get((worker, mode), [])
+        done, steps, _ = self._merged.get(key, (0, None, None))
+        if done < len(chunks) or steps is None:
+            parts = [] if steps is None else [steps]
+            parts += [self._read(f, e).astype(np.int64) for f, e in chunks[done:]]
+            steps = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+            self._merged[key] = (len(chunks), steps, None)
+        return steps
+
+    def _tensor_steps(self, name, mode, worker):
+        return np.array(sorted(self._tensor_loc.get((worker, mode, name), {})), dtype=np.int64)
+
+    def _value(self, name, step, mode, worker):
+        rel, entry = self._tensor_loc[(worker, mode, name)][step]
+        return entry.decode(self.store.get(rel, entry.begin, entry.end)).copy()
+
+
+def open_run(url, storage_options: dict | None = None) -> Run:
+    """Open a run (live or finished) at any fsspec URL."""
+    return Run(str(url), storage_options)

@@ -1,0 +1,96 @@
+"""Shard files: the safetensors layout, written and read with numpy alone.
+
+    8 bytes   little-endian uint64 N
+    N bytes   JSON header: {"__metadata__": {"tripwire": "<JSON>"}, "<entry>": {"dtype", "shape", "data_offsets"}}
+    data      the entries' bytes, back to back, offsets relative to the end of the header
+
+Any safetensors reader opens these files; no pickle, no code. Entries are
+read one at a time by byte range, so one series never needs the full tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+}
+_CODES = {np.dtype(t): code for code, t in DTYPES.items()}
+MAX_HEADER = 100_000_000
+
+
+class ShardFormatError(ValueError):
+    """A file that is not a readable shard (truncated, corrupt or foreign)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    dtype: str
+    shape: tuple
+    begin: int  # absolute byte offsets in the file
+    end: int
+
+    def decode(self, data: bytes) -> np.ndarray:
+        dtype = np.dtype(DTYPES[self.dtype]).newbyteorder("<")
+        count = int(np.prod(self.shape)) if self.shape else 1
+        if len(data) != self.end - self.begin or count * dtype.itemsize != len(data):
+            raise ShardFormatError(f"entry holds {len(data)} bytes, expected {count * dtype.itemsize}")
+        return np.frombuffer(data, dtype=dtype).reshape(self.shape)
+
+
+def encode(entries: dict[str, np.ndarray], metadata: dict) -> list:
+    """One shard as a list of byte chunks (header, then each entry's bytes, uncopied where possible).
+
+    Entries are written in the order given: put the small, often-read ones first."""
+    header: dict = {"__metadata__": {"tripwire": json.dumps(metadata, separators=(",", ":"))}}
+    blobs, offset = [], 0
+    for key, array in entries.items():
+        array = np.ascontiguousarray(array)
+        code = _CODES.get(array.dtype.newbyteorder("="))
+        if code is None:
+            raise TypeError(f"cannot store dtype {array.dtype} (entry {key!r}); convert it to a float or int type")
+        array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        blob = memoryview(array.reshape(-1)).cast("B") if array.size else b""
+        header[key] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
+    return [struct.pack("<Q", len(head)) + head, *blobs]
+
+
+def header_length(prefix: bytes) -> int:
+    """The header length N from the file's first 8 bytes."""
+    if len(prefix) < 8:
+        raise ShardFormatError("file shorter than 8 bytes")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > MAX_HEADER:
+        raise ShardFormatError(f"header length {n} is implausible")
+    return n
+
+
+def decode_header(head: bytes, size: int | None = None) -> tuple[dict[str, Entry], dict]:
+    """Entries (with absolute offsets) and tripwire metadata from the bytes [8, 8+N) of a shard."""
+    try:
+        raw = json.loads(head)
+        meta = json.loads(raw.pop("__metadata__", {}).get("tripwire", "{}"))
+        base = 8 + len(head)
+        entries = {}
+        for key, e in raw.items():
+            begin, end = e["data_offsets"]
+            entries[key] = Entry(e["dtype"], tuple(e["shape"]), base + begin, base + end)
+            if e["dtype"] not in DTYPES or end < begin or (size is not None and base + end > size):
+                raise ShardFormatError(f"entry {key!r} is out of bounds or of unknown dtype")
+    except ShardFormatError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ShardFormatError(f"unreadable header: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ShardFormatError("metadata is not a mapping")
+    return entries, meta

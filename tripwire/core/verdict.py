@@ -1,0 +1,64 @@
+"""A verdict: what a rule found, where, why, and what to try."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+STATUSES = ("fired", "no_data", "error")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One rule's finding at one step.
+
+    status: "fired" (the condition held), "no_data" (the rule never saw the data it needs),
+    "error" (the rule raised; it was disabled for the rest of the run).
+    """
+
+    rule: str
+    step: int
+    message: str
+    mode: str = "train"
+    worker: int = 0
+    evidence: dict = field(default_factory=dict)
+    hint: str = ""
+    status: str = "fired"
+    source: str = "in_process"  # in_process | side_process | check
+    time: float = field(default_factory=time.time)
+
+    @property
+    def fired(self) -> bool:
+        return self.status == "fired"
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["evidence"] = jsonable(self.evidence)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def describe(self, with_hint: bool = True) -> str:
+        """The verdict as the lines a user reads on a terminal."""
+        label = {"fired": "fired", "no_data": "has no data", "error": "failed"}[self.status]
+        text = f"[{self.rule}] {label} at step {self.step} ({self.mode}, worker {self.worker}): {self.message}"
+        if with_hint and self.hint:
+            text += "\n    hint: " + self.hint.strip().replace("\n", "\n          ")
+        return text
+
+
+def jsonable(value):
+    """Evidence as plain JSON data: numpy scalars to numbers, NaN/Inf to strings, tuples to lists."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

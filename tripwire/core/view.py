@@ -1,0 +1,254 @@
+"""The read interface: one API over a stored run and over the in-memory recent history.
+
+Rules are written against this interface, so a rule reads the same way in
+the training process (recent history in memory), in `tripwire watch` and in
+`tripwire check` (the store). `view.at(step, mode, worker)` gives the view
+as of a step, with that mode and worker as defaults: what a rule sees.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import numpy as np
+
+from .errors import StepUnavailable, TensorUnavailable, did_you_mean, listing
+from .naming import VALUE, collection_of
+
+_EMPTY = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
+
+
+class View:
+    """Base of `Run` (store-backed) and `History` (memory-backed).
+
+    Subclasses keep `_catalog`: {(worker, mode, name): set of reductions} (tensor
+    entries are marked by the pseudo-reduction `TENSOR`), bump `_version` when it
+    changes, and implement `_series`, `_steps`, `_tensor_steps` and `_value`.
+    """
+
+    TENSOR = "#tensor"
+    default_mode = "train"
+    default_worker: int | None = None
+    upto: int | None = None
+
+    def __init__(self):
+        self._catalog: dict[tuple, set] = {}
+        self._version = 0
+        self._names_cache: dict = {}
+
+    # -- primitives -----------------------------------------------------------------------------------------------
+    def _series(self, name: str, reduction: str, mode: str, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _steps(self, mode: str, worker: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _tensor_steps(self, name: str, mode: str, worker: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _value(self, name: str, step: int, mode: str, worker: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _at(self, name: str, reduction: str, mode: str, worker: int, step: int) -> float | None:
+        """One reduction at one step, or None. Subclasses may answer faster than through the series."""
+        steps, values = self._series(name, reduction, mode, worker)
+        i = int(np.searchsorted(steps, step))
+        return float(values[i]) if i < len(steps) and steps[i] == step else None
+
+    # -- public API -----------------------------------------------------------------------------------------------
+    def workers(self) -> list[int]:
+        return sorted({w for w, _, _ in self._catalog})
+
+    def modes(self) -> list[str]:
+        return sorted({m for _, m, _ in self._catalog})
+
+    def collections(self) -> list[str]:
+        return sorted({collection_of(n) for _, _, n in self._catalog})
+
+    def steps(self, mode: str | None = None, worker: int | None = None) -> list[int]:
+        """Sorted steps with any data, in a mode (default train), for one worker or all."""
+        mode = mode or self.default_mode
+        workers = [worker] if worker is not None else self._scope_workers()
+        arrays = [self._clip(self._steps(mode, w)) for w in workers]
+        merged = np.unique(np.concatenate(arrays)) if arrays else np.empty(0, dtype=np.int64)
+        return merged.tolist()
+
+    def tensor_names(self, collection: str | None = None, regex: str | None = None, *,
+                     mode: str | None = None, worker: int | None = None) -> list[str]:
+        """Sorted tensor names, optionally of one collection and matching a regex (re.search)."""
+        if self.upto is not None:  # a scoped view lists its own mode and worker unless told otherwise
+            mode = mode or self.default_mode
+            worker = self.default_worker if worker is None else worker
+        key = (self._version, collection, regex, mode, worker)
+        cached = self._names_cache.get(key)
+        if cached is not None:
+            return cached
+        pattern = re.compile(regex) if regex else None
+        names = sorted({n for w, m, n in self._catalog
+                        if (mode is None or m == mode) and (worker is None or w == worker)
+                        and (collection is None or collection_of(n) == collection)
+                        and (pattern is None or pattern.search(n))})
+        if len(self._names_cache) > 256:
+            self._names_cache.clear()
+        self._names_cache[key] = names
+        return names
+
+    def tensor(self, name: str) -> "Tensor":
+        if not any(n == name for _, _, n in self._catalog):
+            names = {n for _, _, n in self._catalog}
+            raise TensorUnavailable(
+                f"no tensor '{name}' in this run.{did_you_mean(name, names)} It holds {len(names)} tensors in "
+                f"collections {listing(self.collections())}; list them with tensor_names().")
+        return Tensor(self, name)
+
+    def at(self, step: int, mode: str = "train", worker: int = 0) -> "View":
+        """This view as of `step` (nothing later is visible), with mode and worker as the defaults."""
+        return _Scoped(self, step, mode, worker)
+
+    # -- helpers for Tensor ----------------------------------------------------------------------------------------
+    def _scope_workers(self) -> list[int]:
+        return [self.default_worker] if self.default_worker is not None else self.workers()
+
+    def _clip(self, steps: np.ndarray, values: np.ndarray | None = None):
+        if self.upto is None:
+            return steps if values is None else (steps, values)
+        end = int(np.searchsorted(steps, self.upto, side="right"))
+        return steps[:end] if values is None else (steps[:end], values[:end])
+
+    def _resolve(self, name: str, mode: str | None, worker: int | None) -> tuple[str, int, set]:
+        mode = mode or self.default_mode
+        if worker is None:
+            worker = self.default_worker
+        if worker is None:
+            holders = sorted(w for w, m, n in self._catalog if n == name and m == mode)
+            worker = holders[0] if holders else 0
+        entry = self._catalog.get((worker, mode, name))
+        if entry is None:
+            where = sorted({f"{m}/worker {w}" for w, m, n in self._catalog if n == name})
+            raise TensorUnavailable(f"'{name}' has no data in mode '{mode}' for worker {worker}. "
+                                    f"It has data in: {listing(where)}.")
+        return mode, worker, entry
+
+
+class Tensor:
+    """One tensor of a view: its series per reduction, its values at single steps, its full values where saved."""
+
+    def __init__(self, view: View, name: str):
+        self.view, self.name = view, name
+
+    def __repr__(self):
+        return f"Tensor({self.name!r})"
+
+    @property
+    def collection(self) -> str:
+        return collection_of(self.name)
+
+    def reductions(self, mode: str | None = None, worker: int | None = None) -> list[str]:
+        _, _, entry = self.view._resolve(self.name, mode, worker)
+        return sorted(r for r in entry if r != View.TENSOR)
+
+    def _reduction_name(self, reduction: str | None, entry: set) -> str:
+        if reduction is None:
+            if VALUE in entry:
+                return VALUE
+            raise TensorUnavailable(f"'{self.name}' is a tensor; name a reduction: "
+                                    f"{listing(r for r in entry if r != View.TENSOR)}.")
+        if reduction not in entry:
+            raise TensorUnavailable(
+                f"'{self.name}' has no reduction '{reduction}'.{did_you_mean(reduction, entry)} "
+                f"Captured: {listing(r for r in entry if r != View.TENSOR)}. Add it to the collection's "
+                "`reductions:` in the config to capture it.")
+        return reduction
+
+    def series(self, reduction: str | None = None, mode: str | None = None, worker: int | None = None):
+        """(steps int64, values float64) of one reduction, sorted by step. Scalars need no reduction name."""
+        mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        reduction = self._reduction_name(reduction, entry)
+        return self.view._clip(*self.view._series(self.name, reduction, mode, worker))
+
+    def reduction(self, step: int, reduction: str | None = None, mode: str | None = None,
+                  worker: int | None = None) -> float:
+        mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        reduction = self._reduction_name(reduction, entry)
+        value = None if self.view.upto is not None and step > self.view.upto else \
+            self.view._at(self.name, reduction, mode, worker, step)
+        if value is None:
+            raise StepUnavailable(self._missing_step(step, self.series(reduction, mode, worker)[0]))
+        return value
+
+    def steps(self, mode: str | None = None, worker: int | None = None, tensors: bool = False) -> list[int]:
+        """Steps holding this tensor's reductions (or, with tensors=True, its full values)."""
+        mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        if tensors:
+            return self.view._clip(self.view._tensor_steps(self.name, mode, worker)).tolist()
+        reduction = next((r for r in sorted(entry) if r != View.TENSOR), None)
+        if reduction is None:
+            return self.view._clip(self.view._tensor_steps(self.name, mode, worker)).tolist()
+        return self.view._clip(self.view._series(self.name, reduction, mode, worker)[0]).tolist()
+
+    def value(self, step: int, mode: str | None = None, worker: int | None = None) -> np.ndarray:
+        """The full tensor at a step, where the config saved it (`save: tensors`)."""
+        mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        if View.TENSOR not in entry:
+            raise TensorUnavailable(f"'{self.name}' was captured as reductions only; set `save: tensors` on "
+                                    f"collection '{self.collection}' to keep full values.")
+        steps = self.view._clip(self.view._tensor_steps(self.name, mode, worker))
+        if step not in set(steps.tolist()):
+            raise StepUnavailable(self._missing_step(step, steps, "full values"))
+        return self.view._value(self.name, step, mode, worker)
+
+    def _missing_step(self, step: int, steps: np.ndarray, what: str = "a value") -> str:
+        if len(steps) == 0:
+            return f"'{self.name}' has no steps yet."
+        i = int(np.searchsorted(steps, step))
+        near = sorted({int(steps[j]) for j in (i - 1, i) if 0 <= j < len(steps)})
+        return (f"'{self.name}' has no {what} at step {step}; it has {len(steps)} steps from {int(steps[0])} to "
+                f"{int(steps[-1])}, nearest {', '.join(map(str, near))}.")
+
+
+class _Scoped(View):
+    """A view limited to steps <= upto, with a default mode and worker. Shares the base view's data."""
+
+    def __init__(self, base: View, upto: int, mode: str, worker: int):
+        self._base, self.upto, self.default_mode, self.default_worker = base, upto, mode, worker
+        self._names_cache = base._names_cache
+
+    @property
+    def _catalog(self):
+        return self._base._catalog
+
+    @property
+    def _version(self):
+        return self._base._version
+
+    def _series(self, *args):
+        return self._base._series(*args)
+
+    def _steps(self, *args):
+        return self._base._steps(*args)
+
+    def _tensor_steps(self, *args):
+        return self._base._tensor_steps(*args)
+
+    def _value(self, *args):
+        return self._base._value(*args)
+
+    def _at(self, *args):
+        return self._base._at(*args)
+
+    def verdicts(self) -> list:
+        return [v for v in getattr(self._base, "verdicts", lambda: [])() if v.step <= self.upto]
+
+
+def merge_sorted(chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate (steps, values) chunks into one series sorted by step; a repeated step keeps its last value."""
+    chunks = [c for c in chunks if len(c[0])]
+    if not chunks:
+        return _EMPTY
+    steps = np.concatenate([c[0] for c in chunks])
+    values = np.concatenate([c[1] for c in chunks])
+    if len(steps) < 2 or np.all(steps[1:] > steps[:-1]):
+        return steps, values
+    last = len(steps) - 1 - np.unique(steps[::-1], return_index=True)[1]
+    return steps[last], values[last]

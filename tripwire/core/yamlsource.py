@@ -1,0 +1,101 @@
+"""Safe YAML loading that remembers the line of every key, so config errors can name it.
+
+PyYAML's own loaders lose line numbers and expand aliases without limit (a
+"billion laughs" file takes all memory). Here the document is composed into
+nodes, then converted by hand: with a budget on the number of values built,
+a cap on the file size, duplicate keys refused, and a `lines` map from key
+path to line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+MAX_BYTES = 1_000_000
+MAX_VALUES = 100_000
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse YAML text into plain Python values and a {key path: line} map (lines start at 1)."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"the file is {len(text):,} bytes; a config may hold at most {MAX_BYTES:,}.", source=source)
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise ConfigError(
+            f"malformed YAML: {exc.problem or exc.context}. Fix the syntax at this line.",
+            source=source,
+            line=mark.line + 1 if mark else None,
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML: {exc}", source=source) from None
+    finally:
+        loader.dispose()
+    if node is None:
+        return {}, {}
+    lines: dict[tuple, int] = {(): node.start_mark.line + 1}
+    budget = [MAX_VALUES]
+    return _convert(node, (), lines, budget, source), lines
+
+
+def _convert(node, path: tuple, lines: dict, budget: list, source: str) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError(
+            f"the document expands to more than {MAX_VALUES:,} values (nested aliases?); "
+            "write the config out without alias chains.",
+            source=source,
+            line=node.start_mark.line + 1,
+        )
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+        raise ConfigError(f"unsupported YAML tag {node.tag}; use plain strings, numbers, lists and mappings.",
+                          source=source, line=node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise ConfigError("merge keys ('<<') are not supported in a config.", source=source,
+                                  line=key_node.start_mark.line + 1)
+            key = _convert(key_node, path, {}, budget, source)
+            if isinstance(key, (list, dict)):
+                raise ConfigError("a key must be a plain value.", source=source, line=key_node.start_mark.line + 1)
+            if key in out:
+                raise ConfigError(f"key '{key}' appears twice; keep one.", source=source,
+                                  line=key_node.start_mark.line + 1, key=_dotted(path + (key,)))
+            lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = _convert(value_node, path + (key,), lines, budget, source)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            items.append(_convert(item, path + (i,), lines, budget, source))
+        return items
+    return _scalar(node, source)
+
+
+def _scalar(node, source: str) -> Any:
+    constructor = yaml.SafeLoader.yaml_constructors.get(node.tag)
+    if constructor is None:
+        raise ConfigError(f"unsupported YAML tag {node.tag}; use plain strings, numbers, lists and mappings.",
+                          source=source, line=node.start_mark.line + 1)
+    try:
+        return constructor(_SCALAR_LOADER, node)
+    except (yaml.YAMLError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read this value: {exc}", source=source, line=node.start_mark.line + 1) from None
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+
+
+_SCALAR_LOADER = yaml.SafeLoader("")
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")

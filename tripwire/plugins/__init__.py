@@ -1,0 +1,1 @@
+"""Plugins: thin adapters from each framework onto tripwire.core."""

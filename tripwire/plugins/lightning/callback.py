@@ -1,0 +1,197 @@
+"""The Lightning callback: an adapter from Lightning's hooks onto tripwire.core.
+
+Lightning comes as two distributions with distinct `Callback` classes,
+`lightning` (`lightning.pytorch`) and `pytorch-lightning`. TripwireCallback
+derives from every one installed, so each Trainer gets a callback of its own
+kind.
+
+Per training step: `on_train_batch_start` asks the plan whether the step is
+sampled (one comparison when it is not); on sampled steps activation hooks
+are registered for that step only, gradients and pre-update parameters are
+reduced in `on_before_optimizer_step`, and `on_train_batch_end` records the
+sample, runs the rules and applies the decision: every rank takes part in
+the decision, so a stop on any rank stops all at the same step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+
+from tripwire.core.config import load_config
+from tripwire.core.errors import RuleFired
+from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.plugins.torch.capture import TorchCapture
+from tripwire.plugins.torch.reduce import Reductions
+
+log = logging.getLogger("tripwire")
+PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
+
+
+def _callback_bases() -> tuple:
+    bases = []
+    for module in ("lightning.pytorch", "pytorch_lightning"):
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            bases.append(importlib.import_module(module).Callback)
+    if not bases:
+        raise ImportError("tripwire.plugins.lightning needs Lightning: pip install 'tripwire[lightning]' "
+                          "(or install pytorch-lightning).")
+    return tuple(bases)
+
+
+class TripwireCallback(*_callback_bases()):
+    """Capture, rules and actions for a Lightning Trainer.
+
+    config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config.
+    storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    """
+
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None):
+        self.config = load_config(config)
+        self.out_dir = out_dir
+        self.storage_options = storage_options
+        self.run_url: str | None = None
+        self._plan = self.config.plan()
+        self._recorder: Recorder | None = None
+        self._capture: TorchCapture | None = None
+        self._resume_url: str | None = None
+        self._sampled = False
+        self._eval_keys: set = set()
+        self._state = "finished"
+        self._verdicts: list = []
+
+    @property
+    def verdicts(self) -> list:
+        """Verdicts found so far in this process (in-process or picked up from the side process)."""
+        return list(self._verdicts)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module):
+        if self._recorder is not None:
+            return
+        url = self._resume_url or make_run_url(self.config, self.out_dir)
+        self.run_url = trainer.strategy.broadcast(url, src=0)
+        rank, world = trainer.global_rank, trainer.world_size
+        self._state = "finished"
+        if self.config.workers == "all" or rank == 0:
+            import torch
+
+            self._recorder = Recorder(self.config, run_url=self.run_url, framework="lightning",
+                                      framework_version=_lightning_version(trainer), worker=rank, world_size=world,
+                                      storage_options=self.storage_options,
+                                      info={"torch_version": torch.__version__, "model": type(pl_module).__name__})
+            self._recorder.start()
+            self._verdicts = self._recorder.verdicts
+            self._capture = TorchCapture(pl_module, self._recorder.plan)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._state = "stopped" if isinstance(exception, RuleFired) else "failed"
+
+    def teardown(self, trainer, pl_module, stage):
+        if self._capture is not None:
+            self._capture.close()
+        if self._recorder is not None:
+            try:
+                self._recorder.finish(self._state)
+            finally:
+                self._recorder, self._capture = None, None
+
+    def state_dict(self):
+        return {"run_url": self.run_url}
+
+    def load_state_dict(self, state_dict):
+        self._resume_url = state_dict.get("run_url")
+
+    # -- training steps -------------------------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step
+        if self._capture is None:
+            self._sampled = bool(self._plan.at("train", step))
+            return
+        self._sampled = self._capture.begin("train", step)
+        if self._sampled:
+            self._take_batch(batch)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self._sampled and self._capture is not None:
+            self._capture.before_optimizer_step()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self._sampled:
+            return
+        self._sampled = False
+        decision = None
+        if self._capture is not None:
+            step = self._capture.step
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if isinstance(outputs, dict):
+                for key in PREDICTION_KEYS:
+                    if key in outputs:
+                        self._capture.take("predictions", "", outputs[key])
+                        break
+            metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items() if k not in self._eval_keys}
+            values, tensors = self._capture.end(loss, trainer.optimizers, metrics)
+            decision = self._recorder.record(step, "train", values, tensors)
+        self._decide(trainer, decision, trainer.global_step - 1)
+
+    def save_tensor(self, name: str, tensor) -> None:
+        """Capture a tensor of your own as `custom/<name>` at this step, if the `custom` collection is sampled."""
+        if self._sampled and self._capture is not None:
+            self._capture.take("custom", name, tensor)
+
+    # -- evaluation -----------------------------------------------------------------------------------------------
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or not self._plan.at("eval", trainer.global_step):
+            return
+        decision = None
+        if self._recorder is not None:
+            metrics = self._recorder.plan.collections.get("metrics")
+            reductions = Reductions()
+            for key, value in trainer.callback_metrics.items():
+                self._eval_keys.add(key)
+                if metrics is not None and metrics.selects(key):
+                    reductions.add_scalar(f"metrics/{key}", value)
+            values = reductions.to_host()
+            if values:
+                decision = self._recorder.record(trainer.global_step, "eval", values)
+        self._decide(trainer, decision, trainer.global_step)
+
+    # -- decisions ------------------------------------------------------------------------------------------------
+    def _take_batch(self, batch) -> None:
+        if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+            inputs, labels = batch[0], batch[1]
+        elif isinstance(batch, dict):
+            inputs = next((batch[k] for k in ("inputs", "input", "x") if k in batch), None)
+            labels = next((batch[k] for k in ("labels", "label", "y", "target") if k in batch), None)
+        else:
+            inputs, labels = batch, None
+        if inputs is not None:
+            self._capture.take("inputs", "x", inputs)
+        if labels is not None:
+            self._capture.take("labels", "", labels)
+
+    def _decide(self, trainer, decision, step: int) -> None:
+        """Agree across ranks (every rank calls this at the same sampled steps) and act."""
+        if self._recorder is not None:
+            decision = (decision.merge(self._recorder.poll()) if decision else self._recorder.poll())
+        stop = bool(decision and (decision.stop or decision.raise_for))
+        checkpoint = bool(decision and decision.checkpoint)
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            checkpoint = trainer.strategy.reduce_boolean_decision(checkpoint, all=False)
+        if checkpoint:
+            path = f"{self.run_url}/checkpoints/step{step}.ckpt"
+            trainer.save_checkpoint(path)
+            log.warning("tripwire: checkpoint written to %s", path)
+        if stop:
+            trainer.should_stop = True
+            self._state = "stopped"
+        if decision is not None:
+            decision.raise_if_asked()
+
+
+def _lightning_version(trainer) -> str:
+    module = type(trainer).__module__.split(".")[0]
+    return f"{module} {getattr(importlib.import_module(module), '__version__', '?')}"

@@ -1,0 +1,1 @@
+"""Shared torch capture (used by the Lightning plugin) and the probe for plain PyTorch loops."""

@@ -1,0 +1,142 @@
+"""What a torch model offers tripwire at a sampled step, shared by the Lightning callback and the plain-loop probe.
+
+The caller marks the step's phases: `begin(mode, step)` before the forward
+pass (activation hooks are registered here, and only here), `before_optimizer_step()`
+after backward (gradients, and parameters as they were before the update),
+`end(...)` after the optimizer step (updates, losses, optimizer state), which
+returns the sample for the recorder. On an unsampled step `begin` returns
+False after one cached comparison and nothing else runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tripwire.core.sampling import CapturePlan
+
+from .reduce import Reductions, host_array
+
+PARAM_COLLECTIONS = ("weights", "biases", "gradients", "updates")
+
+
+def param_collection(path: str) -> str:
+    return "biases" if "bias" in path.rsplit(".", 1)[-1] else "weights"
+
+
+class TorchCapture:
+    def __init__(self, module: torch.nn.Module, plan: CapturePlan):
+        self.module, self.plan = module, plan
+        self.active: dict = {}
+        self.step, self.mode = None, None
+        self._hooks: list = []
+        self._reductions: Reductions | None = None
+        self._tensors: dict = {}
+        self._before: dict = {}
+        self._params_taken = False
+
+    # -- phases ---------------------------------------------------------------------------------------------------
+    def begin(self, mode: str, step: int) -> bool:
+        collections = self.plan.at(mode, step)
+        if not collections:
+            self.active = {}
+            return False
+        self.active = {c.name: c for c in collections}
+        self.mode, self.step = mode, step
+        self._reductions, self._tensors, self._before, self._params_taken = Reductions(), {}, {}, False
+        activations = self.active.get("activations")
+        if activations is not None and mode == "train":
+            self._hook_activations(activations)
+        return True
+
+    def before_optimizer_step(self) -> None:
+        if not self.active or self.mode != "train" or self._params_taken:
+            return
+        self._params_taken = True
+        for path, param in self.module.named_parameters():
+            if not param.requires_grad:
+                continue
+            self.take(param_collection(path), path, param)
+            if param.grad is not None:
+                self.take("gradients", path, param.grad)
+            updates = self.active.get("updates")
+            if updates is not None and updates.selects(path):
+                self._before[path] = param.detach().clone()
+
+    def end(self, loss=None, optimizers=(), extra_scalars: dict | None = None):
+        """The step's sample as (values, tensors), or None if the step was not sampled."""
+        if not self.active:
+            return None
+        self._remove_hooks()
+        if self.mode == "train":  # a train step whose optimizer did not step still gets its parameters
+            self.before_optimizer_step()
+        if "updates" in self.active:
+            params = dict(self.module.named_parameters())
+            for path, before in self._before.items():
+                if path in params:
+                    self.take("updates", path, params[path].detach() - before)
+        if "losses" in self.active and loss is not None:
+            self._reductions.add_scalar("losses/train", loss)
+        if "optimizer" in self.active:
+            for name, value in optimizer_state(optimizers).items():
+                if self.active["optimizer"].selects(name):
+                    self._reductions.add_scalar(f"optimizer/{name}", value)
+        for name, value in (extra_scalars or {}).items():
+            collection, _, path = name.partition("/")
+            plan = self.active.get(collection)
+            if plan is not None and plan.selects(path):
+                self._reductions.add_scalar(name, value)
+        values, tensors = self._reductions.to_host(), self._tensors
+        self.active, self._reductions, self._tensors, self._before = {}, None, {}, {}
+        return values, tensors
+
+    def close(self) -> None:
+        self._remove_hooks()
+        self.active = {}
+
+    # -- helpers --------------------------------------------------------------------------------------------------
+    def take(self, collection: str, path: str, tensor: torch.Tensor, kind: str = "") -> None:
+        """Reduce (and copy, if asked) one tensor into the sample, if its collection is sampled and selects it."""
+        plan = self.active.get(collection)
+        if plan is None or not plan.selects(path, kind) or not isinstance(tensor, torch.Tensor):
+            return
+        name = f"{collection}/{path}" if path else collection
+        self._reductions.add(name, tensor, plan.reductions)
+        if plan.save_tensors:
+            self._tensors[name] = host_array(tensor)
+
+    def _hook_activations(self, plan) -> None:
+        for path, module in self.module.named_modules():
+            if not path:
+                continue
+            kind = type(module).__name__
+            leaf = next(module.children(), None) is None
+            if (plan.include or leaf) and plan.selects(path, kind):
+                self._hooks.append(module.register_forward_hook(self._activation_hook(path, kind)))
+
+    def _activation_hook(self, path: str, kind: str):
+        def hook(module, inputs, output):
+            tensor = output[0] if isinstance(output, (tuple, list)) else output
+            if isinstance(tensor, torch.Tensor) and self._reductions is not None:
+                self.take("activations", path, tensor, kind)
+        return hook
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+
+def optimizer_state(optimizers) -> dict[str, float]:
+    """Learning rate and momentum of each param group: `lr`, `lr.1` for the second group, `momentum`, `beta1`."""
+    out = {}
+    for o, optimizer in enumerate(optimizers or ()):
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer wraps the real one
+        for g, group in enumerate(getattr(optimizer, "param_groups", ())):
+            suffix = "" if (o, g) == (0, 0) else (f".{g}" if o == 0 else f".{o}.{g}")
+            for key in ("lr", "momentum", "weight_decay"):
+                if isinstance(group.get(key), (int, float, torch.Tensor)):
+                    out[f"{key}{suffix}"] = group[key]
+            betas = group.get("betas")
+            if isinstance(betas, (tuple, list)) and betas:
+                out[f"beta1{suffix}"] = betas[0]
+    return out

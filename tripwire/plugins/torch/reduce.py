@@ -1,0 +1,118 @@
+"""Reductions of torch tensors, where the tensors live.
+
+CPU tensors are reduced by tripwire.core.reductions through a zero-copy
+numpy view. Tensors on an accelerator are reduced there with torch ops
+following the same definitions; the results stay on the device until the
+step's single transfer to the host (`Reductions.to_host`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tripwire.core.reductions import reduce as reduce_numpy
+
+_FLOAT_HOST = (torch.float32, torch.float64)
+
+
+def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
+    """A numpy array of a tensor's values (a copy by default: parameters change in place)."""
+    t = t.detach()
+    if t.dtype in (torch.bfloat16, torch.float16) or t.dtype.is_complex:
+        t = t.float()
+    if t.device.type != "cpu":
+        return t.cpu().numpy()
+    return t.numpy().copy() if copy else t.numpy()
+
+
+def _on_device(t: torch.Tensor, names) -> torch.Tensor:
+    x = t.detach()
+    shape = x.shape
+    x = x.reshape(-1)
+    if x.dtype not in _FLOAT_HOST:
+        x = x.float()
+    n = max(x.numel(), 1)
+    out, memo = [], {}
+
+    def var_mean():
+        if "vm" not in memo:
+            memo["vm"] = torch.var_mean(x, correction=0)
+        return memo["vm"]
+
+    for name in names:
+        if name == "mean":
+            out.append(var_mean()[1])
+        elif name in ("var", "std"):
+            var = var_mean()[0]
+            out.append(var if name == "var" else var.sqrt())
+        elif name == "sum":
+            out.append(x.sum())
+        elif name in ("min", "max"):
+            if "mm" not in memo:
+                memo["mm"] = torch.aminmax(x)
+            out.append(memo["mm"][0] if name == "min" else memo["mm"][1])
+        elif name == "l1":
+            out.append(torch.linalg.vector_norm(x, 1))
+        elif name == "l2":
+            out.append(torch.linalg.vector_norm(x, 2))
+        elif name == "abs_mean":
+            out.append(torch.linalg.vector_norm(x, 1) / n)
+        elif name == "abs_min":
+            out.append(x.abs().min())
+        elif name == "abs_max":
+            out.append(x.abs().max())
+        elif name == "zero_fraction":
+            out.append((x == 0).sum() / n)
+        elif name == "nonfinite_count":
+            out.append(n - torch.isfinite(x).sum())
+        elif name == "dead_fraction":
+            positive = x.reshape(shape) > 0
+            if positive.dim() >= 2:
+                positive = positive.reshape(shape[0], -1).any(dim=0)
+            out.append(1 - positive.sum() / max(positive.numel(), 1))
+        else:
+            raise ValueError(f"unknown reduction {name!r}")
+    return torch.stack([o.to(torch.float64 if x.dtype == torch.float64 else torch.float32) for o in out])
+
+
+class Reductions:
+    """Reductions gathered over a step: host results at once for CPU tensors, device results kept until the end."""
+
+    def __init__(self):
+        self.values: dict[str, dict[str, float]] = {}
+        self._device: list[tuple[str, tuple, torch.Tensor]] = []
+
+    def add(self, name: str, tensor: torch.Tensor, names: tuple) -> None:
+        if not names:
+            return
+        if tensor.device.type == "cpu":
+            if tensor.numel() == 1 and names == ("value",):
+                self.values[name] = {"value": float(tensor.detach())}
+            else:
+                self.values[name] = reduce_numpy(host_array(tensor, copy=False), names)
+        elif names == ("value",):
+            self._device.append((name, names, tensor.detach().reshape(-1)[:1].float()))
+        else:
+            self._device.append((name, names, _on_device(tensor, names)))
+
+    def add_scalar(self, name: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            self.add(name, value, ("value",))
+        else:
+            self.values[name] = {"value": float(value)}
+
+    def to_host(self) -> dict[str, dict[str, float]]:
+        """All results as {name: {reduction: float}}, with one device-to-host transfer for the device ones."""
+        by_device: dict = {}
+        for item in self._device:
+            by_device.setdefault(item[2].device, []).append(item)
+        for items in by_device.values():
+            flat = torch.cat([r.double() for _, _, r in items]).cpu().tolist()
+            i = 0
+            for name, names, _ in items:
+                self.values[name] = dict(zip(names, flat[i:i + len(names)]))
+                i += len(names)
+        self._device = []
+        return self.values
+
