@@ -85,7 +85,8 @@ class Recorder:
             return
         if self.engine is not None:
             for verdict in self.engine.finish(self.history, self.last_step or 0, self.worker):
-                self._keep(verdict)
+                self.verdicts.append(verdict)
+                self.writer.put_verdict(verdict)
                 log.warning("tripwire: %s", verdict.describe(with_hint=False))
         if any(a.name == "report" for actions in self._actions.values() for a in actions):
             self.write_report()
@@ -105,7 +106,7 @@ class Recorder:
         self.history.add(self.worker, mode, step, values, tensors)
         decision = Decision()
         for verdict in self.engine.evaluate(self.history, step, mode, self.worker):
-            self._keep(verdict)
+            self.verdicts.append(verdict)
             self.writer.put_verdict(verdict)
             decision.merge(self._act(verdict))
         return decision
@@ -119,7 +120,7 @@ class Recorder:
         with self._inbox_lock:
             verdicts, self._inbox = self._inbox, []
         for verdict in verdicts:
-            self._keep(verdict)
+            self.verdicts.append(verdict)
             decision.merge(self._act(verdict))
         return decision
 
@@ -136,9 +137,6 @@ class Recorder:
             log.warning("tripwire: could not write the report: %s", exc)
 
     # -- internals ------------------------------------------------------------------------------------------------
-    def _keep(self, verdict: Verdict) -> None:
-        self.verdicts.append(verdict)
-
     def _act(self, verdict: Verdict) -> Decision:
         if not verdict.fired:
             log.warning("tripwire: %s", verdict.describe(with_hint=False))

@@ -1,0 +1,199 @@
+"""The Lightning plugin on real Lightning training: capture, rules firing and not, stop, resume, CLI."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+import tripwire
+from tripwire.plugins.lightning import TripwireCallback
+
+
+def fired(run_url):
+    return {v.rule: v for v in tripwire.open_run(run_url).verdicts() if v.fired}
+
+
+def first_nonfinite_step(run):
+    steps = []
+    for name in run.tensor_names():
+        tensor = run.tensor(name)
+        for reduction in tensor.reductions(mode="train") if name in run.tensor_names(mode="train") else []:
+            s, v = tensor.series(reduction, mode="train")
+            bad = s[~np.isfinite(v) | ((v > 0) if reduction == "nonfinite_count" else False)]
+            steps += bad[:1].tolist()
+    return min(steps)
+
+
+def test_nan_stops_training_at_the_sampled_step_it_appears(tmp_path):
+    config = {"sampling": {"every": 3}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}],
+              "collections": {"weights": {}, "gradients": {}}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "nan")
+    trainer = helpers.fit(cb, helpers.mlp_module(lr=50.0), max_epochs=3)
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    run = tripwire.open_run(cb.run_url)
+    assert verdict.step == first_nonfinite_step(run)
+    assert verdict.step % 3 == 0 and trainer.global_step == verdict.step + 1
+    assert run.steps()[-1] == verdict.step and run.info["status"] == "stopped"
+    assert cb.verdicts and cb.verdicts[0].step == verdict.step
+    assert verdict.hint and "learning rate" in verdict.hint
+
+
+def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
+    cb = TripwireCallback(None, out_dir=tmp_path / "healthy")
+    trainer = helpers.fit(cb, max_epochs=3)
+    run = tripwire.open_run(cb.run_url)
+    assert trainer.global_step == 3 * 43 and not run.verdicts()
+    assert run.info["status"] == "finished" and run.steps() == list(range(0, 129, 10))  # losses every 10
+    assert run.tensor("gradients/net.0.weight").steps() == [0, 100]
+    assert {"losses/train", "gradients/net.0.weight", "activations/net.1"} <= set(run.tensor_names())
+    assert run.info["config"]["rules"][0]["rule"] == "exploding_tensor"
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["deep_sigmoid", "relu"])
+def test_vanishing_gradient(tmp_path, faulty):
+    module = helpers.mlp_module(hidden=(32,) * 10, activation="sigmoid") if faulty else helpers.mlp_module()
+    cb = TripwireCallback({"rules": ["vanishing_gradient"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    helpers.fit(cb, module, max_epochs=1)
+    assert ("vanishing_gradient" in fired(cb.run_url)) == faulty
+
+
+def dead_first_layer(net):
+    torch.nn.init.constant_(net[0].bias, -20.0)
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["negative_bias", "healthy"])
+def test_dead_relu(tmp_path, faulty):
+    module = helpers.mlp_module(hidden=(32, 32), init=dead_first_layer if faulty else None)
+    cb = TripwireCallback({"rules": ["dead_relu"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    helpers.fit(cb, module, max_epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("dead_relu" in verdicts) == faulty
+    if faulty:
+        assert verdicts["dead_relu"].step == 0 and "activations/net.1" in verdicts["dead_relu"].message
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
+def test_loss_not_decreasing(tmp_path, faulty):
+    cb = TripwireCallback({"rules": ["loss_not_decreasing"], "sampling": {"every": 2}}, out_dir=tmp_path / "run")
+    helpers.fit(cb, helpers.mlp_module(lr=0.0 if faulty else 0.1), max_epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("loss_not_decreasing" in verdicts) == faulty
+    if faulty:
+        assert verdicts["loss_not_decreasing"].step == 18  # the first step with two windows of 5 samples
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["tiny_train_set", "healthy"])
+def test_overfit(tmp_path, faulty):
+    cb = TripwireCallback({"rules": ["overfit"], "sampling": {"every": 1}}, out_dir=tmp_path / "run")
+    if faulty:
+        module = helpers.mlp_module(hidden=(256,), optimizer="adam", lr=0.01)
+        helpers.fit(cb, module, max_epochs=30, loaders=helpers.torch_loaders(n_train=40, batch_size=8))
+    else:
+        helpers.fit(cb, helpers.mlp_module(), max_epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("overfit" in verdicts) == faulty
+    if not faulty:  # it was evaluated: the validation loss is there
+        assert tripwire.open_run(cb.run_url).steps(mode="eval") == [43]
+
+
+def test_rule_without_its_data_says_no_data(tmp_path):
+    cb = TripwireCallback({"rules": ["overfit"]}, out_dir=tmp_path / "run")
+    helpers.fit(cb, max_epochs=1, limit_val_batches=0)
+    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
+    assert verdict.status == "no_data" and verdict.rule == "overfit" and "metrics" in verdict.message
+
+
+def test_activation_hooks_exist_only_on_sampled_steps(tmp_path):
+    import lightning.pytorch as pl
+
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen[trainer.global_step] = sum(len(m._forward_hooks) for m in pl_module.modules())
+
+    cb = TripwireCallback({"collections": {"activations": {}}, "sampling": {"every": 4}}, out_dir=tmp_path / "run")
+    module = helpers.mlp_module(hidden=(16, 16))
+    helpers.fit(None, module, max_steps=12, callbacks=[cb, Spy()])
+    assert {s for s, n in seen.items() if n} == {0, 4, 8}
+    assert all(n == 5 for s, n in seen.items() if s % 4 == 0)  # 5 leaf modules: Linear, ReLU, Linear, ReLU, Linear
+    assert sum(len(m._forward_hooks) for m in module.modules()) == 0
+    run = tripwire.open_run(cb.run_url)
+    assert run.tensor_names(collection="activations") == [f"activations/net.{i}" for i in range(5)]
+
+
+def test_pytorch_lightning_trainer_gets_a_callback_of_its_kind(tmp_path):
+    import pytorch_lightning
+
+    cb = TripwireCallback({"rules": [{"rule": "exploding_tensor", "actions": ["stop"]}], "sampling": {"every": 2}},
+                          out_dir=tmp_path / "run")
+    assert isinstance(cb, pytorch_lightning.Callback)
+    import lightning.pytorch
+
+    assert isinstance(cb, lightning.pytorch.Callback)
+    trainer = helpers.fit(cb, helpers.mlp_module(lr=50.0, pl=pytorch_lightning), max_epochs=2, pl=pytorch_lightning)
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    assert trainer.global_step == verdict.step + 1
+    assert tripwire.open_run(cb.run_url).info["framework_version"].startswith("pytorch_lightning")
+
+
+def test_checkpoint_action_writes_a_lightning_checkpoint(tmp_path):
+    config = {"sampling": {"every": 2}, "rules": [{"rule": "exploding_tensor", "actions": ["checkpoint", "stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(cb, helpers.mlp_module(lr=50.0), max_epochs=2)
+    step = fired(cb.run_url)["exploding_tensor"].step
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / f"step{step}.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == step + 1 and "state_dict" in checkpoint
+
+
+def test_resume_from_checkpoint_appends_to_the_same_run(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    config = {"collections": {"losses": {}}, "sampling": {"every": 10}}
+    first = TripwireCallback(config, out_dir=tmp_path / "run")
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    helpers.fit(first, max_epochs=1, callbacks=[saver], enable_checkpointing=True)
+    second = TripwireCallback(config)  # no out_dir: the run comes from the checkpoint
+    helpers.fit(second, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt2")],
+                enable_checkpointing=True, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert second.run_url == first.run_url
+    assert tripwire.open_run(first.run_url).steps() == list(range(0, 86, 10))
+
+
+def test_bad_config_fails_before_training(tmp_path):
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - rule: vanishing_gradient\n    params: {threshhold: 1}\n")
+    with pytest.raises(tripwire.ConfigError, match=r"rules.yaml:3: rules\[0\].params.threshhold"):
+        TripwireCallback(str(path))
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_check_exit_codes(tmp_path):
+    healthy = TripwireCallback({"rules": ["exploding_tensor"], "sampling": {"every": 5}}, out_dir=tmp_path / "ok")
+    helpers.fit(healthy, max_epochs=1)
+    faulty = TripwireCallback({"rules": ["exploding_tensor"], "sampling": {"every": 5}}, out_dir=tmp_path / "bad")
+    helpers.fit(faulty, helpers.mlp_module(lr=50.0), max_epochs=1)
+
+    ok = cli("check", healthy.run_url)
+    assert ok.returncode == 0 and "0 rule(s) fired" in ok.stdout
+    bad = cli("check", faulty.run_url)
+    assert bad.returncode == 1 and "[exploding_tensor] fired at step" in bad.stdout and "hint:" in bad.stdout
+    missing = cli("check", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no tripwire run at" in missing.stderr
+    (tmp_path / "bad.yaml").write_text("rules: [nope]\n")
+    bad_config = cli("check", healthy.run_url, "--config", str(tmp_path / "bad.yaml"))
+    assert bad_config.returncode == 2 and "unknown rule 'nope'" in bad_config.stderr
+    # the same run checked with another config: rules over data it holds
+    (tmp_path / "dead.yaml").write_text("rules: [{rule: loss_not_decreasing, params: {window: 2}}]\n")
+    assert cli("check", faulty.run_url, "--config", str(tmp_path / "dead.yaml")).returncode in (0, 1)
+
+    show = cli("show", faulty.run_url)
+    assert show.returncode == 0 and "status     finished" in show.stdout and "exploding_tensor" in show.stdout
+    rules = cli("rules", "dead_relu")
+    assert rules.returncode == 0 and "threshold_layer = 50.0" in rules.stdout and "hint:" in rules.stdout
