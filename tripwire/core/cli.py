@@ -55,6 +55,27 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_ls)
 
+    rep = sub.add_parser("report", help="a self-contained HTML report of a run (or an index of the runs under a root)")
+    rep.add_argument("run", help="a run URL, or a folder of runs")
+    rep.add_argument("-o", "--output", help="where to write the HTML (default: report.html in the run)")
+    rep.set_defaults(func=lambda args: _delegate("report", args))
+
+    cmp_ = sub.add_parser("compare", help="first step and tensor where two runs diverge; exit 1 if they do")
+    cmp_.add_argument("a")
+    cmp_.add_argument("b")
+    cmp_.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance up to --switch-step")
+    cmp_.add_argument("--rtol", type=float, default=0.05, help="relative tolerance after --switch-step")
+    cmp_.add_argument("--switch-step", type=int, default=10)
+    cmp_.add_argument("--tensors", help="compare only tensors whose names match this regex")
+    cmp_.add_argument("--map", help="YAML name map: renames and transposes between the two runs")
+    cmp_.set_defaults(func=lambda args: _delegate("compare", args))
+
+    exp = sub.add_parser("export", help="export a run to another tool's format")
+    exp.add_argument("format", choices=["tensorboard"])
+    exp.add_argument("run")
+    exp.add_argument("logdir")
+    exp.set_defaults(func=lambda args: _delegate("export", args))
+
     r = sub.add_parser("rules", help="every built-in rule, or one in full")
     r.add_argument("name", nargs="?")
     r.set_defaults(func=_rules)
@@ -63,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="where the demo runs are stored (default runs/demo)")
     d.set_defaults(func=_demo)
     return p
+
+
+def _delegate(verb: str, args) -> int:
+    """Verbs whose code lives in its own module, imported only when used."""
+    import importlib
+
+    module = importlib.import_module({"report": ".report_html", "compare": ".compare", "export": ".export"}[verb],
+                                     __package__)
+    return module.cli(args, _storage_options())
 
 
 def _storage_options() -> dict:

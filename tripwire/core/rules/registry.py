@@ -1,41 +1,55 @@
 """Rule lookup: built-in names, or `module:Class` for a user's own rule.
 
-A user's module is imported only when their own config names it; nothing
-stored in a run is ever imported.
+Built-in rules are the named Rule subclasses defined in the modules of this
+package; adding a rule is adding a class. A user's module is imported only
+when their own config names it; nothing stored in a run is ever imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+from functools import lru_cache
 
 from ..errors import TripwireError
 
-BUILTIN = {
-    "exploding_tensor": "tripwire.core.rules.tensors:ExplodingTensor",
-    "vanishing_gradient": "tripwire.core.rules.gradients:VanishingGradient",
-    "dead_relu": "tripwire.core.rules.activations:DeadRelu",
-    "loss_not_decreasing": "tripwire.core.rules.losses:LossNotDecreasing",
-    "overfit": "tripwire.core.rules.losses:Overfit",
-}
+_NOT_RULES = {"base", "engine", "registry"}
 
 
 class RuleLoadError(TripwireError):
     pass
 
 
+@lru_cache(maxsize=None)
+def builtin_rules() -> dict[str, type]:
+    from . import __path__ as package_path
+    from .base import Rule
+
+    found = {}
+    for info in pkgutil.iter_modules(package_path):
+        if info.name in _NOT_RULES:
+            continue
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Rule) and obj.__module__ == module.__name__ and obj.name:
+                found[obj.name] = obj
+    return dict(sorted(found.items()))
+
+
 def rule_names() -> list[str]:
-    return sorted(BUILTIN)
+    return list(builtin_rules())
 
 
 def rule_class(ref: str):
     """The Rule subclass a config's `rule:` names."""
     from .base import Rule
 
-    target = BUILTIN.get(ref)
-    if target is None and ":" not in ref:
+    if ref in builtin_rules():
+        return builtin_rules()[ref]
+    if ":" not in ref:
         raise RuleLoadError(f"unknown rule '{ref}'. Built-in rules: {', '.join(rule_names())}; "
                             "a rule of your own is written 'package.module:ClassName'.")
-    module_name, _, attr = (target or ref).partition(":")
+    module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
