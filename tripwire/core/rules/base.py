@@ -10,14 +10,14 @@ backed by recent memory in the training process or by the store elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from dataclasses import dataclass
 from typing import ClassVar
 
 from ..verdict import Verdict
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Requirement:
     """Data a rule reads: a collection ("*" = every tensor collection captured), its reductions, full tensors,
     and, for a collection that would otherwise capture everything, which tensors (`include` patterns)."""
@@ -39,6 +39,10 @@ class Rule:
     @classmethod
     def parameters(cls) -> dict:
         """Parameter name -> default (None where there is none), from the constructor's signature."""
+        if dataclasses.is_dataclass(cls):
+            return {f.name: (f.default if f.default is not dataclasses.MISSING else
+                             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                    for f in dataclasses.fields(cls) if f.init}
         if cls.__init__ is object.__init__:
             return {}
         params = inspect.signature(cls).parameters.values()
