@@ -14,7 +14,9 @@ REFERENCE = {
     "abs_max": lambda x: np.abs(x).max(), "zero_fraction": lambda x: (x == 0).mean(),
     "nonfinite_count": lambda x: (~np.isfinite(x)).sum(),
     "dead_fraction": lambda x: (~(x > 0).reshape(x.shape[0], -1).any(axis=0)).mean(),
+    "p5": lambda x: np.percentile(x, 5), "p95": lambda x: np.percentile(x, 95), "size": np.size,
 }
+KIND_FREE = [r for r in REDUCTIONS if r != "saturated_fraction"]
 
 
 def arrays():
@@ -34,14 +36,30 @@ def arrays():
 @pytest.mark.parametrize("case", list(arrays()))
 def test_numpy_reductions_match_definitions(case):
     x = arrays()[case]
-    got = reduce(x, REDUCTIONS)
+    got = reduce(x, KIND_FREE)
     ref = x.astype(np.float64)
-    for name in REDUCTIONS:
+    for name in KIND_FREE:
         assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, abs=1e-6 * float(np.abs(ref).max() + 1)), name
 
 
 def test_dead_fraction_counts_units_not_elements():
     assert reduce(arrays()["relu"], ["dead_fraction"])["dead_fraction"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("kind", ["Tanh", "Sigmoid", "Linear"])
+def test_saturated_fraction_from_layer_outputs(kind):
+    rng = np.random.default_rng(1)
+    pre = rng.normal(size=(200, 50))
+    pre[:, :30] = 40.0  # 60% of the units far beyond any saturation bound
+    pre[:1, 30:40] = 40.0  # saturated in only 1 sample of 200: not saturated
+    f = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Linear": lambda v: v}[kind]
+    y = f(pre).astype(np.float32)
+    got = reduce(y, ["saturated_fraction"], kind)["saturated_fraction"]
+    device = torch_reduce._on_device(torch.from_numpy(y), ["saturated_fraction"], kind).item()
+    if kind == "Linear":
+        assert np.isnan(got) and np.isnan(device)
+    else:
+        assert got == pytest.approx(0.6) and device == pytest.approx(0.6)
 
 
 def test_nonfinite_and_empty():
@@ -56,9 +74,9 @@ def test_nonfinite_and_empty():
 def test_torch_device_path_matches_numpy(case):
     """The accelerator code path, run here on CPU tensors, against the numpy definitions."""
     x = arrays()[case]
-    device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), REDUCTIONS).tolist()
-    ref = reduce(x, REDUCTIONS)
-    for name, value in zip(REDUCTIONS, device_values):
+    device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), KIND_FREE).tolist()
+    ref = reduce(x, KIND_FREE)
+    for name, value in zip(KIND_FREE, device_values):
         assert value == pytest.approx(ref[name], rel=1e-4, abs=1e-5 * float(np.abs(x).max() + 1)), name
 
 

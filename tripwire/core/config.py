@@ -394,6 +394,8 @@ def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
                 body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
             if req.save_tensors:
                 body["save"] = "tensors"
+            if req.steps:
+                body["steps"] = sorted({*body.get("steps", ()), *req.steps})
     plans = {}
     for name, body in wanted.items():
         scalar = name in SCALAR_COLLECTIONS

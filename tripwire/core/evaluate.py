@@ -46,6 +46,22 @@ class Evaluator:
         self.verdicts += new
         return new
 
+    def idle(self, on_verdict=None) -> list:
+        """Judge the clock-based rules against each running worker's time of last capture."""
+        if not self.engine.has_idle_rules:
+            return []
+        out = []
+        now = time.time()
+        for worker, status in self.run.info["workers"].items():
+            if status.get("state") == "running":
+                last_data = float(status.get("last_data") or status.get("started") or now)
+                out += self.engine.idle(now, last_data, int(status.get("last_step") or 0), int(worker))
+        for verdict in out:
+            if on_verdict:
+                on_verdict(verdict)
+        self.verdicts += out
+        return out
+
     def finish(self, on_verdict=None) -> list:
         last = max(self.done.values(), default=0)
         out = self.engine.finish(self.run, last)
@@ -86,6 +102,7 @@ def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s
             log.warning("tripwire: nothing new in %s for %ss; stopping the watch.", run.url, idle_timeout_s)
             break
         else:
+            evaluator.idle(store)
             time.sleep(poll_s)
     evaluator.finish(store)
     return evaluator.verdicts

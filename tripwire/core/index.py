@@ -27,7 +27,7 @@ def write_index(store: Store, worker: int, upto: int) -> None:
         meta["steps"][mode] = f"m{i}"
         meta["rows"][mode] = int(len(steps))
     step_entries: dict[bytes, str] = {}
-    series_keys = sorted(k for k in run._chunks if k[0] == worker)
+    series_keys = [k for k in run._chunks if k[0] == worker]  # capture order: readers list names in it
     for i, (_, mode, name, reduction) in enumerate(series_keys):
         steps, values = run._series(name, reduction, mode, worker)
         key = steps.tobytes()
@@ -37,7 +37,7 @@ def write_index(store: Store, worker: int, upto: int) -> None:
         entries[f"v{i}"] = values
         meta["series"].append([mode, name, reduction, f"v{i}", step_entries[key]])
     meta["section"] = sum(a.nbytes for a in entries.values())
-    for (w, mode, name), located in sorted(run._tensor_loc.items()):
+    for (w, mode, name), located in run._tensor_loc.items():
         if w != worker:
             continue
         for step, (rel, entry) in sorted(located.items()):

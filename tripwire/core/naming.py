@@ -38,3 +38,8 @@ def collection_of(name: str) -> str:
 def path_of(name: str) -> str:
     """The framework path part of a tensor name (`gradients/net.0.weight` -> `net.0.weight`)."""
     return name.split("/", 1)[1] if "/" in name else name
+
+
+def is_bias(path: str) -> bool:
+    """Whether a parameter path names a bias (`net.0.bias`, `dense/bias`): it goes to `biases/`, not `weights/`."""
+    return "bias" in path.replace("/", ".").rsplit(".", 1)[-1]

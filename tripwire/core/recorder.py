@@ -45,12 +45,13 @@ class Recorder:
         self.storage_options = {**self.config.storage_options, **(storage_options or {})}
         self.info = dict(info or {})
         in_process = self.config.evaluation.where == "in_process"
-        self.engine = RuleEngine(self.config.rules) if in_process else None
+        self.engine = RuleEngine(self.config.rules) if in_process else None  # None: the side process evaluates
         self.history = History(self.engine.history, self.engine.tensor_history) if in_process else None
         self.verdicts: list[Verdict] = []
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.last_step: int | None = None
+        self._last_data: float | None = None
         self._actions = {spec.id: spec.actions for spec in self.config.rules}
         self._inbox: list[Verdict] = []
         self._inbox_lock = threading.Lock()
@@ -73,8 +74,9 @@ class Recorder:
         seqs = [int(m.group(2)) for m in map(SHARD_RE.match, self.store.list("shards"))
                 if m and int(m.group(1)) == self.worker]
         side = self.config.evaluation.where == "side_process"
+        ticks = side or self.engine.has_idle_rules
         self.writer = Writer(self.store, self.worker, self.config.writer, first_seq=max(seqs, default=-1) + 1,
-                             poll=self._poll_store if side else None, poll_s=self.config.evaluation.poll_s,
+                             poll=self._tick if ticks else None, poll_s=self.config.evaluation.poll_s,
                              status={"world_size": self.world_size})
         if side and self.config.evaluation.spawn and self.worker == 0:
             self._spawn_watcher()
@@ -100,11 +102,12 @@ class Recorder:
     def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
         """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it."""
         self.last_step = step if self.last_step is None else max(self.last_step, step)
+        self._last_data = time.time()
         self.writer.put(Sample(step, mode, values, tensors or {}))
+        decision = self.poll()
         if self.engine is None:
-            return self.poll()
+            return decision
         self.history.add(self.worker, mode, step, values, tensors)
-        decision = Decision()
         for verdict in self.engine.evaluate(self.history, step, mode, self.worker):
             self.verdicts.append(verdict)
             self.writer.put_verdict(verdict)
@@ -142,6 +145,16 @@ class Recorder:
             log.warning("tripwire: %s", verdict.describe(with_hint=False))
             return Decision(verdicts=[verdict])
         return apply(verdict, self._actions.get(verdict.rule, ()), self.write_report)
+
+    def _tick(self) -> None:
+        """Writer thread, every poll_s: pick up the watcher's verdicts, or judge the clock-based rules."""
+        if self.engine is None:
+            self._poll_store()
+        elif self._last_data is not None:
+            for verdict in self.engine.idle(time.time(), self._last_data, self.last_step or 0, self.worker):
+                self.writer.put_verdict(verdict)
+                with self._inbox_lock:
+                    self._inbox.append(verdict)
 
     def _poll_store(self) -> None:
         """Writer thread: read verdicts the watcher stored that this process has not seen."""

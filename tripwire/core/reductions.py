@@ -30,7 +30,14 @@ DESCRIPTIONS = {
     "zero_fraction": "fraction of elements exactly zero",
     "nonfinite_count": "number of NaN and ±Inf elements",
     "dead_fraction": "fraction of units (the elements of one sample; axis 0 is the batch) never positive in it",
+    "saturated_fraction": "for tanh and sigmoid layer outputs: fraction of units saturated in at least 99% of the "
+                          "batch (input beyond ±9.4999 for tanh, outside (-23, 16.99999) for sigmoid)",
+    "p5": "5th percentile (linear interpolation)",
+    "p95": "95th percentile (linear interpolation)",
+    "size": "number of elements",
 }
+SATURATION_INPUTS = {"tanh": (-9.4999, 9.4999), "sigmoid": (-23.0, 16.99999)}  # smdebug SaturatedActivation
+ACTIVE_SHARE = 0.01  # a unit active in less than 1% of the samples is dead or saturated (smdebug)
 REDUCTIONS = tuple(DESCRIPTIONS)
 DEFAULT_REDUCTIONS = ("mean", "std", "min", "max", "l2")
 
@@ -41,8 +48,8 @@ _ONES = np.ones(_BLOCK, dtype=np.float32)
 class _Parts:
     """Intermediate results of one flat array, each computed at most once."""
 
-    def __init__(self, x: np.ndarray, shape: tuple):
-        self.x, self.shape, self.n = x, shape, x.size
+    def __init__(self, x: np.ndarray, shape: tuple, kind: str):
+        self.x, self.shape, self.n, self.kind = x, shape, x.size, kind.lower()
         self._sum = self._abs = self._sq = None
 
     def sum(self) -> float:
@@ -81,6 +88,20 @@ class _Parts:
             positive = positive.reshape(positive.shape[0], -1).any(axis=0)
         return float(1.0 - np.count_nonzero(positive) / positive.size)
 
+    def saturated(self) -> float:
+        """From the outputs: an input beyond the bound gives an output beyond the bound's image."""
+        kind = next((k for k in SATURATION_INPUTS if k in self.kind), None)
+        if kind is None:
+            return float("nan")
+        low, high = SATURATION_INPUTS[kind]
+        f = np.tanh if kind == "tanh" else (lambda v: 1.0 / (1.0 + np.exp(-v)))
+        y = self.x.reshape(self.shape)
+        hit = (y <= y.dtype.type(f(low))) | (y >= y.dtype.type(f(high)))
+        if hit.ndim < 2:
+            return float(np.mean(hit))
+        share = hit.reshape(hit.shape[0], -1).mean(axis=0)
+        return float(np.mean(share >= 1.0 - ACTIVE_SHARE))
+
 
 _COMPUTE = {
     "min": lambda p: float(p.x.min()),
@@ -97,16 +118,22 @@ _COMPUTE = {
     "zero_fraction": lambda p: float(np.count_nonzero(p.x == 0)) / p.n,
     "nonfinite_count": lambda p: p.nonfinite(),
     "dead_fraction": lambda p: p.dead(),
+    "saturated_fraction": lambda p: p.saturated(),
+    "p5": lambda p: float(np.percentile(p.x, 5)),
+    "p95": lambda p: float(np.percentile(p.x, 95)),
+    "size": lambda p: float(p.n),
 }
 
 
-def reduce(array, names) -> dict[str, float]:
-    """Every named reduction of one array, as floats. Empty arrays give NaN (and 0 for counts)."""
+def reduce(array, names, kind: str = "") -> dict[str, float]:
+    """Every named reduction of one array, as floats. Empty arrays give NaN (and 0 for counts).
+
+    kind: the layer type the array comes out of (e.g. 'Tanh'), for reductions that depend on it."""
     x = np.asarray(array)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     if x.size == 0:
-        return {n: (0.0 if n == "nonfinite_count" else float("nan")) for n in names}
-    parts = _Parts(np.ascontiguousarray(x).reshape(-1), x.shape)
+        return {n: (0.0 if n in ("nonfinite_count", "size") else float("nan")) for n in names}
+    parts = _Parts(np.ascontiguousarray(x).reshape(-1), x.shape, kind)
     with np.errstate(all="ignore"):
         return {n: _COMPUTE[n](parts) for n in names}

@@ -76,7 +76,8 @@ class View:
 
     def tensor_names(self, collection: str | None = None, regex: str | None = None, *,
                      mode: str | None = None, worker: int | None = None) -> list[str]:
-        """Sorted tensor names, optionally of one collection and matching a regex (re.search)."""
+        """Tensor names in the order the run first captured them (the model's order for parameters and
+        activations), optionally of one collection, matching a regex (re.search), in a mode, of a worker."""
         if self.upto is not None:  # a scoped view lists its own mode and worker unless told otherwise
             mode = mode or self.default_mode
             worker = self.default_worker if worker is None else worker
@@ -85,10 +86,10 @@ class View:
         if cached is not None:
             return cached
         pattern = re.compile(regex) if regex else None
-        names = sorted({n for w, m, n in self._catalog
-                        if (mode is None or m == mode) and (worker is None or w == worker)
-                        and (collection is None or collection_of(n) == collection)
-                        and (pattern is None or pattern.search(n))})
+        names = list(dict.fromkeys(n for w, m, n in self._catalog
+                                   if (mode is None or m == mode) and (worker is None or w == worker)
+                                   and (collection is None or collection_of(n) == collection)
+                                   and (pattern is None or pattern.search(n))))
         if len(self._names_cache) > 256:
             self._names_cache.clear()
         self._names_cache[key] = names

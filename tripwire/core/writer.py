@@ -131,6 +131,7 @@ class Writer:
                 if isinstance(item, Sample):
                     buffer.append(item)
                     buffered += item.nbytes
+                    self._status["last_data"] = time.time()
                 else:
                     self._attempt(f"verdict at step {item.step}", lambda v=item: self.store.put_json(
                         verdict_name(v.worker, v.step, v.rule), v.to_dict()))
@@ -141,6 +142,7 @@ class Writer:
                     self._pending -= buffered
                     self._cond.notify_all()
                 buffer, buffered = [], 0
+                next_status = now  # the status follows each shard: readers judge liveness by it
             if buffer == [] and now >= next_flush:
                 next_flush = now + self.config.flush_every_s
             if self._poll and now >= next_poll:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import ClassVar
 
 from ..verdict import Verdict
@@ -19,13 +20,15 @@ from ..verdict import Verdict
 
 @dataclasses.dataclass(frozen=True)
 class Requirement:
-    """Data a rule reads: a collection ("*" = every tensor collection captured), its reductions, full tensors,
-    and, for a collection that would otherwise capture everything, which tensors (`include` patterns)."""
+    """Data a rule reads: a collection ("*" = every tensor collection captured), its reductions, full tensors;
+    for a collection that would otherwise capture everything, which tensors (`include` patterns); and steps
+    that must be sampled beyond the configured schedule (e.g. the first steps of training)."""
 
     collection: str
     reductions: tuple = ()
     save_tensors: bool = False
     include: tuple = ()
+    steps: tuple = ()
 
 
 class Rule:
@@ -35,6 +38,7 @@ class Rule:
     source: ClassVar[str] = ""  # where the condition and defaults come from
     modes: ClassVar[tuple] = ("train",)  # the modes whose steps the rule is evaluated at
     history: ClassVar[int] = 1  # samples per series the rule looks back over
+    idle: ClassVar[bool] = False  # judged by the clock through check_idle, not at steps
 
     @classmethod
     def parameters(cls) -> dict:
@@ -63,6 +67,28 @@ class Rule:
     def check(self, run, step: int) -> Verdict | None:
         raise NotImplementedError
 
+    def check_idle(self, now: float, last_data: float, step: int) -> Verdict | None:
+        """For `idle` rules: called periodically with the time of the last captured sample."""
+        return None
+
     def fire(self, step: int, message: str, **evidence) -> Verdict:
         """A fired verdict for this rule; the engine fills in the rule id, mode and worker."""
         return Verdict(rule=self.rule_name(), step=int(step), message=message, evidence=evidence, hint=self.hint)
+
+
+def values_at(run, step: int, reduction: str, collections=(), regex: str = "") -> dict[str, float]:
+    """{tensor name: its `reduction` at `step`} over the tensors of `collections` (all if empty) matching `regex`,
+    skipping tensors that lack the reduction or the step."""
+    pattern = re.compile(regex) if regex else None
+    out = {}
+    for name in run.tensor_names():
+        if collections and name.split("/", 1)[0] not in collections or (pattern and not pattern.search(name)):
+            continue
+        tensor = run.tensor(name)
+        if reduction not in tensor.reductions():
+            continue
+        try:
+            out[name] = tensor.reduction(step, reduction)
+        except LookupError:
+            continue
+    return out

@@ -52,29 +52,44 @@ class RuleEngine:
             if slot.failed or worker in slot.fired or mode not in slot.rule.modes:
                 continue
             scoped = scoped or view.at(step, mode, worker)
-            slot.evaluated = True
-            try:
-                verdict = slot.rule.check(scoped, step)
-            except Exception as exc:  # noqa: BLE001 - a failing rule must never stop training
-                slot.failed = True
-                out.append(Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error",
-                                   source=self.source,
-                                   message=f"the rule raised {type(exc).__name__}: {exc}; it is disabled for the "
-                                           "rest of the run.",
-                                   evidence={"traceback": traceback.format_exc(limit=5)}))
-                continue
-            if verdict is not None:
-                slot.fired.add(worker)
-                out.append(replace(verdict, rule=slot.spec.id, mode=mode, worker=worker, source=self.source,
-                                   hint=verdict.hint or slot.rule.hint))
+            self._run(slot, lambda: slot.rule.check(scoped, step), step, mode, worker, out)
         return out
+
+    def idle(self, now: float, last_data: float, step: int, worker: int = 0) -> list[Verdict]:
+        """Verdicts of the rules judged by the clock (e.g. stalled_training)."""
+        out = []
+        for slot in self.slots:
+            if slot.rule.idle and not slot.failed and worker not in slot.fired:
+                self._run(slot, lambda: slot.rule.check_idle(now, last_data, step), step, "train", worker, out)
+        return out
+
+    def _run(self, slot, check, step, mode, worker, out) -> None:
+        slot.evaluated = True
+        try:
+            verdict = check()
+        except Exception as exc:  # noqa: BLE001 - a failing rule must never stop training
+            slot.failed = True
+            out.append(Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error",
+                               source=self.source,
+                               message=f"the rule raised {type(exc).__name__}: {exc}; it is disabled for the "
+                                       "rest of the run.",
+                               evidence={"traceback": traceback.format_exc(limit=5)}))
+            return
+        if verdict is not None:
+            slot.fired.add(worker)
+            out.append(replace(verdict, rule=slot.spec.id, mode=mode, worker=worker, source=self.source,
+                               hint=verdict.hint or slot.rule.hint))
+
+    @property
+    def has_idle_rules(self) -> bool:
+        return any(slot.rule.idle for slot in self.slots)
 
     def finish(self, view, step: int, worker: int = 0) -> list[Verdict]:
         """`no_data` verdicts for rules that never fired and never had the data they require."""
         out = []
         collections = {collection_of(n) for n in view.tensor_names()}
         for slot in self.slots:
-            if slot.failed or slot.fired:
+            if slot.failed or slot.fired or slot.rule.idle:  # the clock is never missing
                 continue
             missing = [r.collection for r in slot.rule.requires()
                        if r.collection != "*" and r.collection not in collections]

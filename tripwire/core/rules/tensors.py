@@ -6,13 +6,15 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..naming import collection_of
-from .base import Requirement, Rule
+from .base import Requirement, Rule, values_at
 
 
 @dataclass
 class ExplodingTensor(Rule):
-    """Any NaN or ±Inf in a captured tensor or scalar."""
+    """NaN or ±Inf in a captured tensor or scalar: training has blown up."""
 
     collections: list = field(default_factory=list)  # restrict to these collections; empty = every one captured
     regex: str = ""  # restrict to tensor names matching this (re.search)
@@ -64,3 +66,123 @@ def _nonfinite(tensor, step) -> float:
         if not math.isfinite(value):
             return 1
     return 0
+
+
+@dataclass
+class AllZero(Rule):
+    """Tensors that are entirely (or almost entirely) zero."""
+
+    threshold: float = 100.0  # percent of elements
+    collections: list = field(default_factory=lambda: ["weights", "gradients", "activations"])
+    regex: str = ""
+
+    name = "all_zero"
+    condition = "at least `threshold` % of a tensor's elements are exactly zero (reduction zero_fraction)"
+    hint = ("A tensor is all zeros. Weights: zero initialisation (every unit computes the same thing and gets "
+            "the same update). Gradients: nothing flows back (dead units, detached graph, a loss that does not "
+            "depend on the parameter). Activations: dead units or an input of zeros. Try: a random initialiser "
+            "(He/Glorot), check the forward pass and what the loss depends on.")
+    source = "smdebug AllZero: threshold 100 (percent); collections to check must be named (here a default set)."
+
+    def requires(self):
+        return [Requirement(c, ("zero_fraction",)) for c in self.collections]
+
+    def check(self, run, step):
+        zero = {n: v for n, v in values_at(run, step, "zero_fraction", self.collections, self.regex).items()
+                if v * 100 >= self.threshold}
+        if not zero:
+            return None
+        first = next(iter(zero))
+        return self.fire(step, f"{first} is {zero[first]:.0%} zeros" +
+                         (f"; so are {len(zero) - 1} more tensors." if len(zero) > 1 else "."), tensors=zero)
+
+
+@dataclass
+class TensorVariance(Rule):
+    """Tensors whose values spread far too much or hardly at all."""
+
+    max_threshold: float = 10.0
+    min_threshold: float = 1e-5
+    collections: list = field(default_factory=lambda: ["weights"])
+    regex: str = ""
+
+    name = "tensor_variance"
+    condition = "a tensor's variance (reduction var) is above `max_threshold` or below `min_threshold`"
+    hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
+            "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
+            "constant initialisation) so the layer cannot tell inputs apart. Try: He/Glorot initialisation, a "
+            "lower learning rate, weight decay tuned; note that very wide layers (fan-in > 30,000) have a small "
+            "variance by design.")
+    source = ("smdebug TensorVariance (no default thresholds); max 10 and min 1e-5 from the AWS documentation's "
+              "example, also used by DeepDiagnosis (Wardat et al., ICSE 2022).")
+
+    def requires(self):
+        return [Requirement(c, ("var",)) for c in self.collections]
+
+    def check(self, run, step):
+        out = {n: v for n, v in values_at(run, step, "var", self.collections, self.regex).items()
+               if v > self.max_threshold or v < self.min_threshold}
+        if not out:
+            return None
+        first = next(iter(out))
+        side = "above" if out[first] > self.max_threshold else "below"
+        bound = self.max_threshold if side == "above" else self.min_threshold
+        return self.fire(step, f"{first} has variance {out[first]:.3g}, {side} {bound:g}" +
+                         (f"; {len(out) - 1} more tensors are out of range." if len(out) > 1 else "."),
+                         tensors=out)
+
+
+@dataclass
+class UnchangedTensor(Rule):
+    """Tensors that stopped changing: layers that no longer train (blind spots)."""
+
+    num_steps: int = 3
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    collections: list = field(default_factory=lambda: ["weights"])
+    regex: str = ""
+
+    name = "unchanged_tensor"
+    condition = ("a tensor's values are allclose (rtol, atol) over its last `num_steps` samples: its full values "
+                 "where saved, else every captured reduction (l2, mean, min, max)")
+    hint = ("These layers stopped training (blind spots). Likely causes: their parameters are not in the "
+            "optimizer or are frozen by mistake, a learning rate of 0 (or a schedule that decayed to 0), "
+            "gradients that never reach them (detached graph, dead units). Try: check optimizer param groups and "
+            "requires_grad, the learning-rate schedule, and the gradients collection for these layers.")
+    source = "smdebug UnchangedTensor: num_steps 3, rtol 1e-5, atol 1e-8 (numpy.allclose defaults)."
+
+    @property
+    def history(self):
+        return self.num_steps
+
+    def requires(self):
+        return [Requirement(c, ("l2", "mean", "min", "max")) for c in self.collections]
+
+    def check(self, run, step):
+        pattern = re.compile(self.regex) if self.regex else None
+        names = [n for n in run.tensor_names() if collection_of(n) in self.collections
+                 and (pattern is None or pattern.search(n))]
+        unchanged = [n for n in names if self._unchanged(run.tensor(n), step)]
+        if not unchanged:
+            return None
+        training = [n for n in names if n not in unchanged]
+        return self.fire(step, f"{len(unchanged)} of {len(names)} tensors did not change over their last "
+                               f"{self.num_steps} samples: {', '.join(unchanged[:5])}"
+                               + (" …" if len(unchanged) > 5 else "") + ".",
+                         unchanged=unchanged, still_training=training)
+
+    def _unchanged(self, tensor, step) -> bool:
+        saved = tensor.steps(tensors=True)[-self.num_steps:]
+        if len(saved) == self.num_steps and saved[-1] == step:  # full values: compare them
+            values = [tensor.value(s) for s in saved]
+            return all(np.allclose(a, b, self.rtol, self.atol) for a, b in zip(values, values[1:]))
+        series = [tensor.series(r) for r in tensor.reductions() if r in ("l2", "mean", "min", "max")]
+        if not series:
+            return False
+        for steps, values in series:
+            if len(steps) < self.num_steps or steps[-1] != step:
+                return False
+            last = values[-self.num_steps:]
+            if not np.allclose(last[1:], last[:-1], self.rtol, self.atol):
+                return False
+        return True

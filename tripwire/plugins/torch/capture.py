@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from tripwire.core.naming import is_bias
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, host_array
@@ -20,7 +21,7 @@ PARAM_COLLECTIONS = ("weights", "biases", "gradients", "updates")
 
 
 def param_collection(path: str) -> str:
-    return "biases" if "bias" in path.rsplit(".", 1)[-1] else "weights"
+    return "biases" if is_bias(path) else "weights"
 
 
 class TorchCapture:
@@ -46,6 +47,8 @@ class TorchCapture:
         activations = self.active.get("activations")
         if activations is not None and mode == "train":
             self._hook_activations(activations)
+        if "predictions" in self.active and mode == "train":  # the model's own output, where forward() is used
+            self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
 
     def before_optimizer_step(self) -> None:
@@ -100,7 +103,7 @@ class TorchCapture:
         if plan is None or not plan.selects(path, kind) or not isinstance(tensor, torch.Tensor):
             return
         name = f"{collection}/{path}" if path else collection
-        self._reductions.add(name, tensor, plan.reductions)
+        self._reductions.add(name, tensor, plan.reductions, kind)
         if plan.save_tensors:
             self._tensors[name] = host_array(tensor)
 
@@ -111,13 +114,13 @@ class TorchCapture:
             kind = type(module).__name__
             leaf = next(module.children(), None) is None
             if (plan.include or leaf) and plan.selects(path, kind):
-                self._hooks.append(module.register_forward_hook(self._activation_hook(path, kind)))
+                self._hooks.append(module.register_forward_hook(self._output_hook("activations", path, kind)))
 
-    def _activation_hook(self, path: str, kind: str):
+    def _output_hook(self, collection: str, path: str, kind: str = ""):
         def hook(module, inputs, output):
             tensor = output[0] if isinstance(output, (tuple, list)) else output
             if isinstance(tensor, torch.Tensor) and self._reductions is not None:
-                self.take("activations", path, tensor, kind)
+                self.take(collection, path, tensor, kind)
         return hook
 
     def _remove_hooks(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS
 from tripwire.core.reductions import reduce as reduce_numpy
 
 _FLOAT_HOST = (torch.float32, torch.float64)
@@ -26,7 +27,7 @@ def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
     return t.numpy().copy() if copy else t.numpy()
 
 
-def _on_device(t: torch.Tensor, names) -> torch.Tensor:
+def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
     x = t.detach()
     shape = x.shape
     x = x.reshape(-1)
@@ -71,9 +72,37 @@ def _on_device(t: torch.Tensor, names) -> torch.Tensor:
             if positive.dim() >= 2:
                 positive = positive.reshape(shape[0], -1).any(dim=0)
             out.append(1 - positive.sum() / max(positive.numel(), 1))
+        elif name == "saturated_fraction":
+            out.append(_saturated(x.reshape(shape), kind.lower()))
+        elif name == "size":
+            out.append(torch.tensor(float(x.numel()), device=x.device))
+        elif name in ("p5", "p95"):
+            out.append(_percentile(x, 5 if name == "p5" else 95))
         else:
             raise ValueError(f"unknown reduction {name!r}")
     return torch.stack([o.to(torch.float64 if x.dtype == torch.float64 else torch.float32) for o in out])
+
+
+def _saturated(y: torch.Tensor, kind: str) -> torch.Tensor:
+    kind = next((k for k in SATURATION_INPUTS if k in kind), None)
+    if kind is None:
+        return torch.tensor(float("nan"), device=y.device)
+    f = torch.tanh if kind == "tanh" else torch.sigmoid
+    low, high = (f(torch.tensor(v, dtype=y.dtype, device=y.device)) for v in SATURATION_INPUTS[kind])
+    hit = ((y <= low) | (y >= high)).float()
+    if hit.dim() < 2:
+        return hit.mean()
+    return (hit.reshape(hit.shape[0], -1).mean(dim=0) >= 1.0 - ACTIVE_SHARE).float().mean()
+
+
+def _percentile(x: torch.Tensor, q: float) -> torch.Tensor:
+    """numpy's linear-interpolation percentile, with kthvalue (torch.quantile refuses large tensors)."""
+    position = (x.numel() - 1) * q / 100
+    low, frac = int(position), position - int(position)
+    a = torch.kthvalue(x, low + 1).values
+    if frac == 0:
+        return a
+    return a + (torch.kthvalue(x, low + 2).values - a) * frac
 
 
 class Reductions:
@@ -83,18 +112,18 @@ class Reductions:
         self.values: dict[str, dict[str, float]] = {}
         self._device: list[tuple[str, tuple, torch.Tensor]] = []
 
-    def add(self, name: str, tensor: torch.Tensor, names: tuple) -> None:
+    def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "") -> None:
         if not names:
             return
         if tensor.device.type == "cpu":
             if tensor.numel() == 1 and names == ("value",):
                 self.values[name] = {"value": float(tensor.detach())}
             else:
-                self.values[name] = reduce_numpy(host_array(tensor, copy=False), names)
+                self.values[name] = reduce_numpy(host_array(tensor, copy=False), names, kind)
         elif names == ("value",):
             self._device.append((name, names, tensor.detach().reshape(-1)[:1].float()))
         else:
-            self._device.append((name, names, _on_device(tensor, names)))
+            self._device.append((name, names, _on_device(tensor, names, kind)))
 
     def add_scalar(self, name: str, value) -> None:
         if isinstance(value, torch.Tensor):
