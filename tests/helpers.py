@@ -85,3 +85,33 @@ def fit(callback, module=None, max_epochs=2, max_steps=-1, loaders=None, pl=None
                          num_sanity_val_steps=0, **{"enable_checkpointing": False, **trainer_kwargs})
     trainer.fit(module, train, val, ckpt_path=ckpt_path)
     return trainer
+
+
+def cnn_module(lr=0.05, pl=None):
+    """A small CNN on the 8x8 digit images."""
+    import torch
+
+    if pl is None:
+        import lightning.pytorch as pl
+    torch.manual_seed(0)
+
+    class CNN(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
+                torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                torch.nn.Linear(16 * 4 * 4, 10))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9)
+
+    return CNN()

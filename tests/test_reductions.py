@@ -15,6 +15,7 @@ REFERENCE = {
     "nonfinite_count": lambda x: (~np.isfinite(x)).sum(),
     "dead_fraction": lambda x: (~(x > 0).reshape(x.shape[0], -1).any(axis=0)).mean(),
     "p5": lambda x: np.percentile(x, 5), "p95": lambda x: np.percentile(x, 95), "size": np.size,
+    "fan_in": lambda x: x.size / x.shape[0] if x.ndim > 1 else np.nan,
 }
 KIND_FREE = [r for r in REDUCTIONS if r != "saturated_fraction"]
 
@@ -39,7 +40,8 @@ def test_numpy_reductions_match_definitions(case):
     got = reduce(x, KIND_FREE)
     ref = x.astype(np.float64)
     for name in KIND_FREE:
-        assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, abs=1e-6 * float(np.abs(ref).max() + 1)), name
+        assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, abs=1e-6 * float(np.abs(ref).max() + 1),
+                                          nan_ok=True), name
 
 
 def test_dead_fraction_counts_units_not_elements():
@@ -77,7 +79,7 @@ def test_torch_device_path_matches_numpy(case):
     device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), KIND_FREE).tolist()
     ref = reduce(x, KIND_FREE)
     for name, value in zip(KIND_FREE, device_values):
-        assert value == pytest.approx(ref[name], rel=1e-4, abs=1e-5 * float(np.abs(x).max() + 1)), name
+        assert value == pytest.approx(ref[name], rel=1e-4, abs=1e-5 * float(np.abs(x).max() + 1), nan_ok=True), name
 
 
 def test_reductions_collect_scalars_and_tensors_in_one_transfer():

@@ -1,6 +1,7 @@
 """A Lightning training run in its own process, for the side-process and crash tests.
 
 usage: train_lightning.py RUN_URL CONFIG_JSON RESULT_JSON [--nan-at STEP] [--sleep S] [--steps N]
+                          [--stall-at STEP --stall-s S]
 Writes RESULT_JSON with each batch end's wall time, the final global step and the verdicts seen.
 """
 
@@ -25,6 +26,8 @@ args.add_argument("result")
 args.add_argument("--nan-at", type=int, default=None)
 args.add_argument("--sleep", type=float, default=0.0)
 args.add_argument("--steps", type=int, default=200)
+args.add_argument("--stall-at", type=int, default=None)
+args.add_argument("--stall-s", type=float, default=0.0)
 a = args.parse_args()
 
 
@@ -33,7 +36,7 @@ class Timeline(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.times[trainer.global_step - 1] = time.time()
-        time.sleep(a.sleep)
+        time.sleep(a.sleep + (a.stall_s if trainer.global_step - 1 == a.stall_at else 0.0))
 
 
 module = helpers.mlp_module()

@@ -35,6 +35,8 @@ DESCRIPTIONS = {
     "p5": "5th percentile (linear interpolation)",
     "p95": "95th percentile (linear interpolation)",
     "size": "number of elements",
+    "fan_in": "inputs per output unit of a weight: elements / output units ([out, in, …] layout, or [in, out] "
+              "for kind 'in_out'); NaN for 1-D tensors and embedding tables, which have none",
 }
 SATURATION_INPUTS = {"tanh": (-9.4999, 9.4999), "sigmoid": (-23.0, 16.99999)}  # smdebug SaturatedActivation
 ACTIVE_SHARE = 0.01  # a unit active in less than 1% of the samples is dead or saturated (smdebug)
@@ -88,6 +90,11 @@ class _Parts:
             positive = positive.reshape(positive.shape[0], -1).any(axis=0)
         return float(1.0 - np.count_nonzero(positive) / positive.size)
 
+    def fan_in(self) -> float:
+        if len(self.shape) < 2 or "embed" in self.kind:
+            return float("nan")
+        return float(self.n / self.shape[-1 if self.kind == "in_out" else 0])
+
     def saturated(self) -> float:
         """From the outputs: an input beyond the bound gives an output beyond the bound's image."""
         kind = next((k for k in SATURATION_INPUTS if k in self.kind), None)
@@ -122,6 +129,7 @@ _COMPUTE = {
     "p5": lambda p: float(np.percentile(p.x, 5)),
     "p95": lambda p: float(np.percentile(p.x, 95)),
     "size": lambda p: float(p.n),
+    "fan_in": lambda p: p.fan_in(),
 }
 
 

@@ -73,15 +73,15 @@ class AllZero(Rule):
     """Tensors that are entirely (or almost entirely) zero."""
 
     threshold: float = 100.0  # percent of elements
-    collections: list = field(default_factory=lambda: ["weights", "gradients", "activations"])
+    collections: list = field(default_factory=lambda: ["weights", "gradients"])
     regex: str = ""
 
     name = "all_zero"
     condition = "at least `threshold` % of a tensor's elements are exactly zero (reduction zero_fraction)"
     hint = ("A tensor is all zeros. Weights: zero initialisation (every unit computes the same thing and gets "
             "the same update). Gradients: nothing flows back (dead units, detached graph, a loss that does not "
-            "depend on the parameter). Activations: dead units or an input of zeros. Try: a random initialiser "
-            "(He/Glorot), check the forward pass and what the loss depends on.")
+            "depend on the parameter). Activations (add them to `collections`): dead units or an input of "
+            "zeros. Try: a random initialiser (He/Glorot), check the forward pass and what the loss depends on.")
     source = "smdebug AllZero: threshold 100 (percent); collections to check must be named (here a default set)."
 
     def requires(self):

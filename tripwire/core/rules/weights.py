@@ -17,35 +17,39 @@ class PoorWeightInitialization(Rule):
     distribution_range: float = 0.001
 
     name = "poor_weight_initialization"
-    condition = ("in the first `steps` steps: (a) a layer's weights are all identical (std 0: constant or zero "
-                 "initialisation, so every unit computes the same), or (b) the largest per-layer weight variance "
-                 "is more than `threshold` times the smallest, or (c) some weight gradient's 5th-95th percentile "
-                 "span is below `distribution_range`")
+    condition = ("in the first `steps` steps: (a) all weights of a layer are identical (std 0: constant or "
+                 "zero initialisation, so every unit computes the same), or (b) across layers, the largest "
+                 "weight variance scaled by the layer's fan-in (var × fan_in, which standard initialisations keep "
+                 "between about 1/3 and 2) is more than `threshold` times the smallest, or (c) some weight "
+                 "gradient's 5th-95th percentile span is below `distribution_range`; 1-D weights (normalisation "
+                 "layers) and embedding tables are left out")
     hint = ("The initial weights are badly scaled or symmetric. Try: a random initialiser suited to the "
             "activation (He/Kaiming for ReLU, Glorot/Xavier for tanh/sigmoid) for every layer, no constant "
             "initialisation of weights (biases may be 0), and normalisation layers.")
-    source = ("smdebug PoorWeightInitialization: threshold 10 (variance ratio), distribution_range 0.001 "
-              "(gradient P95-P5), steps 10; its loss-convergence check is left to loss_not_decreasing.")
+    source = ("smdebug PoorWeightInitialization: threshold 10 (variance ratio across layers; here scaled by "
+              "fan-in so that layers of different widths compare), distribution_range 0.001 (gradient P95-P5), "
+              "steps 10; its loss-convergence check is left to loss_not_decreasing.")
 
     def requires(self):
         first = tuple(range(self.steps))
-        return [Requirement("weights", ("std", "var", "size"), steps=first),
+        return [Requirement("weights", ("std", "var", "fan_in"), steps=first),
                 Requirement("gradients", ("p5", "p95"), steps=first)]
 
     def check(self, run, step):
         if step >= self.steps:
             return None
-        sizes = values_at(run, step, "size", ["weights"])
-        identical = [n for n, v in values_at(run, step, "std", ["weights"]).items() if v == 0 and sizes.get(n, 0) > 1]
+        fan_in = {n: v for n, v in values_at(run, step, "fan_in", ["weights"]).items() if v > 1}
+        identical = [n for n, v in values_at(run, step, "std", ["weights"]).items() if v == 0 and n in fan_in]
         if identical:
             return self.fire(step, f"all weights of {identical[0]} are identical: every unit of the layer computes "
                                    "the same thing and gets the same update.", identical=identical)
-        var = {n: v for n, v in values_at(run, step, "var", ["weights"]).items() if v > 0}
-        if len(var) >= 2 and max(var.values()) / min(var.values()) > self.threshold:
-            hi, lo = max(var, key=var.get), min(var, key=var.get)
-            return self.fire(step, f"weight variance differs {var[hi] / var[lo]:.0f}x across layers ({hi} "
-                                   f"{var[hi]:.3g} vs {lo} {var[lo]:.3g}); limit {self.threshold:g}x.",
-                             variances=var)
+        scaled = {n: v * fan_in[n] for n, v in values_at(run, step, "var", ["weights"]).items()
+                  if n in fan_in and v > 0}
+        if len(scaled) >= 2 and max(scaled.values()) / min(scaled.values()) > self.threshold:
+            hi, lo = max(scaled, key=scaled.get), min(scaled, key=scaled.get)
+            return self.fire(step, f"weight scale differs {scaled[hi] / scaled[lo]:.0f}x across layers (var x "
+                                   f"fan_in: {hi} {scaled[hi]:.3g} vs {lo} {scaled[lo]:.3g}); limit "
+                                   f"{self.threshold:g}x.", scaled_variances=scaled)
         p5, p95 = values_at(run, step, "p5", ["gradients"]), values_at(run, step, "p95", ["gradients"])
         spans = {n: p95[n] - p5[n] for n in p5 if n in p95 and not is_bias(path_of(n))}
         narrow = {n: v for n, v in spans.items() if v < self.distribution_range}

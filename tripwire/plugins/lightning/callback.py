@@ -87,14 +87,18 @@ class TripwireCallback(*_callback_bases()):
             self._capture = TorchCapture(pl_module, self._recorder.plan)
 
     def on_exception(self, trainer, pl_module, exception):
-        self._state = "stopped" if isinstance(exception, RuleFired) else "failed"
+        # Lightning runs no teardown hooks after an exception: close the run here
+        self._close("stopped" if isinstance(exception, RuleFired) else "failed")
 
     def teardown(self, trainer, pl_module, stage):
+        self._close(self._state)
+
+    def _close(self, state: str) -> None:
         if self._capture is not None:
             self._capture.close()
         if self._recorder is not None:
             try:
-                self._recorder.finish(self._state)
+                self._recorder.finish(state)
             finally:
                 self._recorder, self._capture = None, None
 
@@ -167,7 +171,7 @@ class TripwireCallback(*_callback_bases()):
             labels = next((batch[k] for k in ("labels", "label", "y", "target") if k in batch), None)
         else:
             inputs, labels = batch, None
-        if inputs is not None:
+        if inputs is not None and getattr(inputs, "is_floating_point", lambda: False)():  # not token ids
             self._capture.take("inputs", "x", inputs)
         if labels is not None:
             self._capture.take("labels", "", labels)

@@ -34,6 +34,7 @@ class TorchCapture:
         self._tensors: dict = {}
         self._before: dict = {}
         self._params_taken = False
+        self._owners: dict | None = None
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -55,12 +56,17 @@ class TorchCapture:
         if not self.active or self.mode != "train" or self._params_taken:
             return
         self._params_taken = True
+        if self._owners is None:  # which kind of module holds each parameter (e.g. Embedding, Linear)
+            self._owners = {f"{prefix}.{name}".lstrip("."): type(module).__name__
+                            for prefix, module in self.module.named_modules()
+                            for name, _ in module.named_parameters(recurse=False)}
         for path, param in self.module.named_parameters():
             if not param.requires_grad:
                 continue
-            self.take(param_collection(path), path, param)
+            kind = self._owners.get(path, "")
+            self.take(param_collection(path), path, param, kind)
             if param.grad is not None:
-                self.take("gradients", path, param.grad)
+                self.take("gradients", path, param.grad, kind)
             updates = self.active.get("updates")
             if updates is not None and updates.selects(path):
                 self._before[path] = param.detach().clone()

@@ -76,6 +76,9 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
             out.append(_saturated(x.reshape(shape), kind.lower()))
         elif name == "size":
             out.append(torch.tensor(float(x.numel()), device=x.device))
+        elif name == "fan_in":
+            none = len(shape) < 2 or "embed" in kind.lower()
+            out.append(torch.tensor(float("nan") if none else x.numel() / shape[0], device=x.device))
         elif name in ("p5", "p95"):
             out.append(_percentile(x, 5 if name == "p5" else 95))
         else:

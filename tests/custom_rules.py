@@ -1,0 +1,51 @@
+"""A user's own rules and action target, as a project would keep them (imported by name from configs)."""
+
+import json
+import os
+from dataclasses import dataclass
+
+from tripwire import Requirement, Rule
+
+
+@dataclass
+class LossAbove(Rule):
+    """The training loss above a level."""
+
+    threshold: float = 1.0
+
+    name = "loss_above"
+    condition = "losses/train above `threshold`"
+    hint = "Train longer or fix the model."
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        value = run.tensor("losses/train").reduction(step)
+        if value > self.threshold:
+            return self.fire(step, f"loss {value:.3f} > {self.threshold}", loss=value)
+        return None
+
+
+class Broken(Rule):
+    """A rule with a bug: it raises on its second evaluation."""
+
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        self.calls += 1
+        if self.calls == 2:
+            raise ZeroDivisionError("bug in a user rule")
+        return None
+
+
+def record(verdict):
+    """An action target: appends the verdict to the file named by TRIPWIRE_TEST_CALLS."""
+    with open(os.environ["TRIPWIRE_TEST_CALLS"], "a") as f:
+        f.write(json.dumps(verdict.to_dict()) + "\n")

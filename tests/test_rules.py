@@ -1,0 +1,190 @@
+"""Every built-in rule for neural networks on real Lightning training: fires on the fault, quiet when healthy.
+Plus custom rules, the raise and call actions, the generated rule docs."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import helpers
+import tripwire
+from tripwire.plugins.lightning import TripwireCallback
+
+
+def verdicts(rule, module, params=None, every=5, **fit_kwargs):
+    """Train with one rule; its verdicts (all statuses) as stored in the run."""
+    config = {"rules": [{"rule": rule, "params": params or {}}], "sampling": {"every": every}}
+    callback = TripwireCallback(config, out_dir=fit_kwargs.pop("out_dir"))
+    helpers.fit(callback, module, **fit_kwargs)
+    return tripwire.open_run(callback.run_url).verdicts()
+
+
+def init_weights(std=None, bias=None, layer=None, constant=None):
+    def init(net):
+        linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+        for m in linears if layer is None else [net[layer]]:
+            if std is not None:
+                torch.nn.init.normal_(m.weight, std=std)
+            if constant is not None:
+                torch.nn.init.constant_(m.weight, constant)
+            if bias is not None:
+                torch.nn.init.constant_(m.bias, bias)
+    return init
+
+
+FAULTS = {
+    # rule: (faulty module and fit kwargs, healthy module and fit kwargs)
+    "exploding_gradient": (lambda: dict(module=helpers.mlp_module(hidden=(64,) * 5, init=init_weights(std=0.5))),
+                           lambda: dict(module=helpers.mlp_module(hidden=(64,) * 5))),
+    "saturated_activation": (lambda: dict(module=helpers.mlp_module(hidden=(64, 64), activation="tanh",
+                                                                    init=init_weights(bias=30.0, layer=0))),
+                             lambda: dict(module=helpers.mlp_module(hidden=(64, 64), activation="tanh"))),
+    "weight_update_ratio": (lambda: dict(module=helpers.mlp_module(lr=1e-10)),
+                            lambda: dict(module=helpers.mlp_module())),
+    "all_zero": (lambda: dict(module=helpers.mlp_module(init=init_weights(constant=0.0))),
+                 lambda: dict(module=helpers.mlp_module())),
+    "unchanged_tensor": (lambda: dict(module=helpers.mlp_module(lr=0.0)),
+                         lambda: dict(module=helpers.mlp_module())),
+    "tensor_variance": (lambda: dict(module=helpers.mlp_module(init=init_weights(std=5.0))),
+                        lambda: dict(module=helpers.mlp_module())),
+    "input_not_normalized": (lambda: dict(module=helpers.mlp_module(), loaders=helpers.torch_loaders(scale=255.0)),
+                             lambda: dict(module=helpers.mlp_module())),
+    "oscillating_loss": (lambda: dict(module=helpers.mlp_module(lr=1.0), max_epochs=3, val_check_interval=5),
+                         lambda: dict(module=helpers.mlp_module(lr=0.1), max_epochs=3, val_check_interval=5)),
+    "overtraining": (lambda: dict(module=helpers.mlp_module(hidden=(256,), optimizer="adam", lr=0.01), max_epochs=30,
+                                  loaders=helpers.torch_loaders(n_train=40, batch_size=8)),
+                     lambda: dict(module=helpers.mlp_module(), max_epochs=3)),
+}
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["fault", "healthy"])
+@pytest.mark.parametrize("rule", list(FAULTS))
+def test_rule_fires_on_fault_only(tmp_path, rule, faulty):
+    setup = FAULTS[rule][0 if faulty else 1]()
+    found = verdicts(rule, out_dir=tmp_path / "run", **{"max_epochs": 1, **setup})
+    assert [v.status for v in found] == (["fired"] if faulty else []), [v.message for v in found]
+    if faulty:
+        assert found[0].hint == tripwire.load_config({"rules": [rule]}).rules[0].create().hint
+
+
+@pytest.mark.parametrize("fault", ["constant", "scale", "healthy"])
+def test_poor_weight_initialization(tmp_path, fault):
+    init = {"constant": init_weights(constant=0.05, layer=0), "scale": init_weights(std=1.0, layer=2),
+            "healthy": None}[fault]
+    found = verdicts("poor_weight_initialization", helpers.mlp_module(hidden=(32, 32), init=init), every=100,
+                     out_dir=tmp_path / "run", max_epochs=1)
+    if fault == "healthy":
+        assert found == []
+    else:
+        (v,) = found
+        assert v.step == 0 and ("identical" if fault == "constant" else "scale differs") in v.message
+
+
+def test_poor_weight_initialization_samples_the_first_steps_by_itself(tmp_path):
+    callback = TripwireCallback({"rules": ["poor_weight_initialization"]}, out_dir=tmp_path / "run")
+    helpers.fit(callback, max_epochs=3)
+    run = tripwire.open_run(callback.run_url)
+    assert run.tensor("weights/net.0.weight").steps() == [*range(10), 100]
+
+
+def test_healthy_cnn_and_mlp_fire_nothing_with_the_default_rules(tmp_path):
+    for name, module in (("cnn", helpers.cnn_module()), ("mlp", helpers.mlp_module(hidden=(64, 32)))):
+        callback = TripwireCallback(None, out_dir=tmp_path / name)
+        helpers.fit(callback, module, max_epochs=5)
+        run = tripwire.open_run(callback.run_url)
+        assert [v for v in run.verdicts() if v.status != "no_data"] == [], name
+        assert {"activations/net.2", "gradients/net.1.weight"} <= set(run.tensor_names()) if name == "cnn" else True
+
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_lightning.py"
+
+
+@pytest.mark.parametrize("where", ["in_process", "side_process"])
+def test_stalled_training(tmp_path, where):
+    config = {"rules": [{"rule": "stalled_training", "params": {"threshold_s": 2.0}}],
+              "collections": {"losses": {}}, "sampling": {"every": 1}, "writer": {"flush_every_s": 0.2},
+              "evaluation": {"where": where}}
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), json.dumps(config),
+                                str(tmp_path / "result.json"), "--steps", "40", "--stall-at", "20", "--stall-s", "5"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = None
+    if where == "side_process":
+        watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", str(run_dir)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, out
+    if watcher:
+        watcher.communicate(timeout=60)
+    (verdict,) = [v for v in tripwire.open_run(str(run_dir)).verdicts() if v.fired]
+    assert verdict.rule == "stalled_training" and verdict.step == 20 and verdict.evidence["seconds"] > 2
+
+
+def test_custom_rule_from_the_users_module(tmp_path):
+    config = {"rules": [{"rule": "custom_rules:LossAbove", "params": {"threshold": 0.5}, "actions": ["log"]}],
+              "sampling": {"every": 5}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, max_epochs=1)
+    (verdict,) = tripwire.open_run(callback.run_url).verdicts()
+    assert verdict.rule == "custom_rules:LossAbove" and verdict.step == 0 and "loss" in verdict.message
+    with pytest.raises(tripwire.ConfigError, match=r"params.treshold: unknown key.*Did you mean 'threshold'"):
+        TripwireCallback({"rules": [{"rule": "custom_rules:LossAbove", "params": {"treshold": 1}}]})
+    with pytest.raises(tripwire.ConfigError, match="cannot import module 'no_such_module'"):
+        TripwireCallback({"rules": ["no_such_module:Rule"]})
+    with pytest.raises(tripwire.ConfigError, match="is not a subclass of tripwire.Rule"):
+        TripwireCallback({"rules": ["custom_rules:record"]})
+
+
+def test_a_rule_that_raises_is_reported_once_and_training_goes_on(tmp_path):
+    callback = TripwireCallback({"rules": ["custom_rules:Broken"], "sampling": {"every": 5}}, out_dir=tmp_path / "r")
+    trainer = helpers.fit(callback, max_epochs=1)
+    assert trainer.global_step == 43
+    (verdict,) = tripwire.open_run(callback.run_url).verdicts()
+    assert verdict.status == "error" and verdict.step == 5 and "ZeroDivisionError: bug in a user rule" in \
+        verdict.message and "custom_rules.py" in verdict.evidence["traceback"]
+
+
+def test_raise_action_raises_rule_fired_out_of_fit(tmp_path):
+    config = {"rules": [{"rule": "exploding_tensor", "actions": ["raise"]}], "sampling": {"every": 2}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    with pytest.raises(tripwire.RuleFired) as caught:
+        helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=2)
+    assert caught.value.verdict.rule == "exploding_tensor"
+    run = tripwire.open_run(callback.run_url)
+    assert run.info["status"] == "stopped" and run.verdicts()[0].step == caught.value.verdict.step
+
+
+def test_call_action_hands_the_verdict_to_user_code(tmp_path, monkeypatch):
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TRIPWIRE_TEST_CALLS", str(calls))
+    config = {"rules": [{"rule": "dead_relu", "actions": [{"call": "custom_rules:record"}, "log"]}],
+              "sampling": {"every": 10}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(init=init_weights(bias=-20.0, layer=0)), max_epochs=1)
+    (line,) = calls.read_text().splitlines()
+    assert json.loads(line)["rule"] == "dead_relu" and json.loads(line)["step"] == 0
+
+
+def test_rule_docs_are_generated_from_the_rules():
+    from tripwire.core.rulesdoc import markdown
+    from tripwire.core.rules.registry import rule_names
+
+    docs = (Path(__file__).parents[1] / "docs" / "rules.md").read_text()
+    assert docs == markdown(), "docs/rules.md is stale: python -m tripwire.core.rulesdoc > docs/rules.md"
+    for name in rule_names():
+        assert f"## {name}\n" in docs
+    out = subprocess.run([sys.executable, "-m", "tripwire", "rules", "vanishing_gradient"], capture_output=True,
+                         text=True, timeout=60)
+    assert "threshold = 1e-07" in out.stdout and "hint: Gradients vanish" in out.stdout
+    assert "ReLU" in out.stdout and "source: smdebug" in out.stdout
+
+
+def test_every_rule_documents_itself():
+    from tripwire.core.rules.registry import builtin_rules
+
+    for name, cls in builtin_rules().items():
+        assert cls.__doc__ and cls.condition and cls.hint and cls.source, name

@@ -1,0 +1,126 @@
+"""Rule documentation, written from the rule classes themselves: `tripwire rules NAME` and docs/rules.md.
+
+One source: a rule's docstring (what it detects), `condition`, parameters,
+`requires()`, `hint` and `source`. Regenerate the docs with
+`python -m tripwire.core.rulesdoc > docs/rules.md`; a test keeps them in step.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+INTRO = """\
+# Rules
+
+Generated from the rule classes by `python -m tripwire.core.rulesdoc`; `tripwire rules NAME` prints the same.
+
+A rule reads captured data and returns a verdict when its condition holds. Each rule declares what it
+requires; enabling it in the config turns that capture on (collections, reductions, full tensors, extra
+steps). Rules are evaluated at the sampled steps of the modes they look at, in the training process
+(`evaluation: {where: in_process}`) or by `tripwire watch` (`side_process`), through the same engine; a rule
+fires at most once per worker, at the first step its condition holds. A rule that never saw the data it
+requires reports `no_data` when the run ends; a rule that raises reports `error` once and is disabled,
+while training goes on.
+
+Configure a rule in the `rules:` list of the config:
+
+```yaml
+rules:
+  - rule: vanishing_gradient
+    params: {threshold: 1.0e-7}
+    actions: [log, stop]          # log, stop, checkpoint, report, raise, {call: module:function}
+  - rule: my_project.rules:LargeGradient     # a rule of your own (see the end of this page)
+    params: {threshold: 20}
+```
+"""
+
+CUSTOM = """\
+## Rules of your own
+
+A rule is a subclass of `tripwire.Rule`; a dataclass is the shortest way to give it parameters, which the
+config's `params:` are checked against. `requires()` declares the data (and so turns its capture on);
+`check(run, step)` reads the run as of `step` through the same API as `tripwire.open_run` and returns
+`self.fire(step, message, **evidence)` or None.
+
+```python
+from dataclasses import dataclass
+
+from tripwire import Requirement, Rule
+
+
+@dataclass
+class LargeGradient(Rule):
+    \"\"\"A gradient whose largest element is too large.\"\"\"
+
+    threshold: float = 10.0
+
+    name = "large_gradient"
+    condition = "abs_max of any gradient above `threshold`"
+    hint = "Clip gradients or lower the learning rate."
+
+    def requires(self):
+        return [Requirement("gradients", ("abs_max",))]
+
+    def check(self, run, step):
+        for name in run.tensor_names("gradients"):
+            value = run.tensor(name).reduction(step, "abs_max")
+            if value > self.threshold:
+                return self.fire(step, f"{name} reached {value:.3g}", tensor=name, value=value)
+        return None
+```
+
+Name it in the config as `rule: my_project.rules:LargeGradient`. The module is imported only because your
+own config names it; nothing stored in a run is ever imported or executed.
+"""
+
+
+def requirement_lines(rule) -> list[str]:
+    lines = []
+    for req in rule.requires():
+        what = "every tensor collection captured" if req.collection == "*" else f"`{req.collection}`"
+        parts = [f"reductions {', '.join(req.reductions)}" if req.reductions else "",
+                 "full tensors" if req.save_tensors else "",
+                 f"layers matching {', '.join(req.include)}" if req.include else "",
+                 f"also sampled at steps {req.steps[0]}..{req.steps[-1]}" if req.steps else ""]
+        lines.append(what + "".join(f"; {p}" for p in parts if p))
+    return lines
+
+
+def _evaluated(cls) -> str:
+    if cls.idle:
+        return "by the clock (tripwire watch, and the training process's writer thread)"
+    return "at sampled " + " and ".join(cls.modes) + " steps"
+
+
+def describe(cls) -> str:
+    """A rule as plain text, for `tripwire rules NAME`."""
+    rule = cls()
+    out = [cls.rule_name(), "", inspect.getdoc(cls) or "", "", f"condition: {cls.condition}", "", "parameters:"]
+    out += [f"  {k} = {v!r}" for k, v in cls.parameters().items()] or ["  (none)"]
+    out += ["", "requires:"] + [f"  {line}" for line in requirement_lines(rule)] + [f"  evaluated {_evaluated(cls)}"]
+    out += ["", f"hint: {cls.hint}", "", f"source: {cls.source}"]
+    return "\n".join(out)
+
+
+def markdown() -> str:
+    from .rules.registry import builtin_rules
+
+    sections = [INTRO]
+    for name, cls in builtin_rules().items():
+        rule = cls()
+        params = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in cls.parameters().items())
+        sections.append("\n".join([
+            f"## {name}", "", inspect.getdoc(cls) or "", "",
+            f"**Condition.** {cls.condition}.".replace("..", "."), "",
+            "**Parameters.**", "",
+            "| parameter | default |\n|---|---|\n" + params if params else "None.", "",
+            "**Requires.** " + "; ".join(requirement_lines(rule) or ["nothing captured"]) +
+            f". Evaluated {_evaluated(cls)}.", "",
+            f"**Hint.** {cls.hint}", "",
+            f"**Source.** {cls.source}", ""]))
+    sections.append(CUSTOM)
+    return "\n".join(sections)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
