@@ -70,9 +70,7 @@ class Writer:
     # -- training thread ------------------------------------------------------------------------------------------
     def put(self, sample: Sample) -> bool:
         """Queue a sample; False if it was dropped because the queue is full."""
-        if self.error is not None and self.config.on_error == "raise":
-            raise StorageError(f"tripwire could not write to {self.store.url}: {self.error}. Training stops "
-                               "because writer.on_error is 'raise'; use 'warn' to train on and count lost steps.")
+        self._raise_if_failed()
         size = sample.nbytes
         with self._cond:
             while self._pending + size > self._limit:
@@ -106,8 +104,13 @@ class Writer:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("tripwire: the writer did not finish within %ss; what it had not written is lost.", timeout)
+        if state != "failed":  # training already failed: do not mask its exception
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
         if self.error is not None and self.config.on_error == "raise":
-            raise StorageError(f"tripwire could not write to {self.store.url}: {self.error}")
+            raise StorageError(f"tripwire could not write to {self.store.url}: {self.error}. Training stops "
+                               "because writer.on_error is 'raise'; use 'warn' to train on and count lost steps.")
 
     @property
     def pending_bytes(self) -> int:
@@ -191,9 +194,10 @@ class Writer:
                 time.sleep(delay)
         self.error = error
         if not self._failing and self.config.on_error != "ignore":
-            log.warning("tripwire: could not write %s to %s (%s: %s). Training goes on; these steps are lost and "
-                        "counted in the run status (writer.on_error=%s).", what, self.store.url,
-                        type(error).__name__, error, self.config.on_error)
+            then = ("training stops at its next step" if self.config.on_error == "raise" else
+                    "training goes on; these steps are lost and counted in the run status")
+            log.warning("tripwire: could not write %s to %s (%s: %s); %s (writer.on_error=%s).", what,
+                        self.store.url, type(error).__name__, error, then, self.config.on_error)
         self._failing = True
         return False
 
