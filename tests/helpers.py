@@ -28,27 +28,17 @@ def torch_loaders(batch_size=32, **kwargs):
             torch.utils.data.DataLoader(ds(xv, yv), batch_size=256))
 
 
-def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=None, pl=None):
-    """A LightningModule around an MLP on 64 inputs, 10 classes. `init(net)` may break it on purpose."""
+def classifier(net, lr=0.1, optimizer="sgd", momentum=0.0, pl=None):
+    """A LightningModule that trains `net` (64 inputs -> 10 classes) with cross-entropy and logs val_loss."""
     import torch
 
     if pl is None:
         import lightning.pytorch as pl
 
-    torch.manual_seed(0)
-    act = {"relu": torch.nn.ReLU, "sigmoid": torch.nn.Sigmoid, "tanh": torch.nn.Tanh}[activation]
-
-    class MLP(pl.LightningModule):
+    class Classifier(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            layers, width = [], 64
-            for h in hidden:
-                layers += [torch.nn.Linear(width, h), act()]
-                width = h
-            layers.append(torch.nn.Linear(width, 10))
-            self.net = torch.nn.Sequential(*layers)
-            if init is not None:
-                init(self.net)
+            self.net = net
 
         def forward(self, x):
             return self.net(x)
@@ -64,9 +54,25 @@ def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=No
         def configure_optimizers(self):
             if optimizer == "adam":
                 return torch.optim.Adam(self.parameters(), lr=lr)
-            return torch.optim.SGD(self.parameters(), lr=lr)
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=momentum)
 
-    return MLP()
+    return Classifier()
+
+
+def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=None, pl=None):
+    """An MLP classifier on 64 inputs, 10 classes. `init(net)` may break it on purpose."""
+    import torch
+
+    torch.manual_seed(0)
+    act = {"relu": torch.nn.ReLU, "sigmoid": torch.nn.Sigmoid, "tanh": torch.nn.Tanh}[activation]
+    layers, width = [], 64
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), act()]
+        width = h
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    if init is not None:
+        init(net)
+    return classifier(net, lr=lr, optimizer=optimizer, pl=pl)
 
 
 def fit(callback, module=None, max_epochs=2, max_steps=-1, loaders=None, pl=None, callbacks=(), ckpt_path=None,
@@ -88,30 +94,11 @@ def fit(callback, module=None, max_epochs=2, max_steps=-1, loaders=None, pl=None
 
 
 def cnn_module(lr=0.05, pl=None):
-    """A small CNN on the 8x8 digit images."""
+    """A small CNN classifier on the 8x8 digit images."""
     import torch
 
-    if pl is None:
-        import lightning.pytorch as pl
     torch.manual_seed(0)
-
-    class CNN(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Sequential(
-                torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
-                torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                torch.nn.Linear(16 * 4 * 4, 10))
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.cross_entropy(self.net(x), y)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9)
-
-    return CNN()
+    net = torch.nn.Sequential(
+        torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
+    return classifier(net, lr=lr, momentum=0.9, pl=pl)
