@@ -23,7 +23,7 @@ def test_packaged_default_loads_and_plans_rule_requirements():
     # rules turn on what they need: gradients with abs_mean for vanishing_gradient, relu activations for dead_relu
     assert "abs_mean" in plan.collections["gradients"].reductions
     assert "dead_fraction" in plan.collections["activations"].reductions
-    assert plan.collections["activations"].include == ("relu",)
+    assert plan.collections["activations"].include == ("relu", "tanh", "sigmoid")  # dead_relu + saturation
     # every tensor collection gets nonfinite_count from exploding_tensor; losses are scalars
     assert "nonfinite_count" in plan.collections["gradients"].reductions
     assert plan.collections["losses"].reductions == ("value",)

@@ -9,6 +9,7 @@ the actions it can run itself, and hands back a `Decision` for the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
 from .history import History
+from .naming import collection_of
 from .rules.engine import RuleEngine
 from .store import FORMAT_VERSION, MANIFEST, SHARD_RE, Store, new_run_id, output_url
 from .verdict import Verdict
@@ -37,8 +39,12 @@ def make_run_url(config: Config, out_dir=None) -> str:
 
 class Recorder:
     def __init__(self, config=None, *, run_url: str, framework: str, framework_version: str = "", worker: int = 0,
-                 world_size: int = 1, storage_options: dict | None = None, info: dict | None = None):
+                 world_size: int = 1, storage_options: dict | None = None, info: dict | None = None,
+                 provides: set | None = None):
+        """provides: the collections the plugin can capture, if not all; rules needing others are left out."""
         self.config = load_config(config)
+        if provides is not None:
+            self.config = _applicable(self.config, provides, framework)
         self.plan = self.config.plan()
         self.run_url, self.worker, self.world_size = run_url, worker, world_size
         self.framework, self.framework_version = framework, framework_version
@@ -58,6 +64,8 @@ class Recorder:
         self._seen_verdicts: set[str] | None = None
         self._watcher: subprocess.Popen | None = None
         self._watcher_warned = False
+        self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
+        self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,6 +88,11 @@ class Recorder:
                              status={"world_size": self.world_size})
         if side and self.config.evaluation.spawn and self.worker == 0:
             self._spawn_watcher()
+        if self.config.tensorboard.get("dir"):
+            from .export import TensorBoardSink
+
+            self._tensorboard = TensorBoardSink(self.config.tensorboard["dir"], self.run_url, self.worker,
+                                                self.verdicts)
 
     def finish(self, state: str = "finished") -> None:
         """Final verdicts (no_data), the report if asked for, the last shard, the index, the final status."""
@@ -90,13 +103,17 @@ class Recorder:
                 self.verdicts.append(verdict)
                 self.writer.put_verdict(verdict)
                 log.warning("tripwire: %s", verdict.describe(with_hint=False))
-        if any(a.name == "report" for actions in self._actions.values() for a in actions):
-            self.write_report()
         try:
             self.writer.close(state)
         finally:
             self.writer = None
             self._stop_watcher()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+        if any(a.name == "report" for actions in self._actions.values() for a in actions):
+            self.write_report()  # after the close: the final report sees everything stored
+        if self._html_report is not None:
+            self._html_report.wait()
 
     # -- per step -------------------------------------------------------------------------------------------------
     def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
@@ -104,11 +121,14 @@ class Recorder:
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         self.writer.put(Sample(step, mode, values, tensors or {}))
+        if self._tensorboard is not None:
+            self._tensorboard.put(step, mode, values, tensors)
         decision = self.poll()
         if self.engine is None:
             return decision
         self.history.add(self.worker, mode, step, values, tensors)
-        for verdict in self.engine.evaluate(self.history, step, mode, self.worker):
+        captured = {collection_of(name) for name in values} | {collection_of(name) for name in tensors or ()}
+        for verdict in self.engine.evaluate(self.history, step, mode, self.worker, captured):
             self.verdicts.append(verdict)
             self.writer.put_verdict(verdict)
             decision.merge(self._act(verdict))
@@ -132,12 +152,18 @@ class Recorder:
         return self.store.url_of(f"checkpoints/{safe}-step{verdict.step}-worker{verdict.worker}{suffix}")
 
     def write_report(self) -> None:
+        """report.json now; report.html in a background thread (drawing it takes seconds), on worker 0 only."""
         from .report import write_json_report
 
         try:
             write_json_report(self.store, self.verdicts)
         except Exception as exc:  # noqa: BLE001 - a report must not stop training
             log.warning("tripwire: could not write the report: %s", exc)
+        if self.worker == 0:
+            from .report_html import BackgroundReport
+
+            self._html_report = self._html_report or BackgroundReport(self.store)
+            self._html_report.request(self.verdicts)
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _act(self, verdict: Verdict) -> Decision:
@@ -202,3 +228,19 @@ class Recorder:
             except subprocess.TimeoutExpired:
                 self._watcher.kill()
         self._watcher = None
+
+
+def _applicable(config: Config, provides: set, framework: str) -> Config:
+    """The config without the rules that need data this framework never has (the default rules.yaml carries
+    neural-network rules an XGBoost run cannot feed); said once, as a warning where the user chose them."""
+    kept, left = [], []
+    for spec in config.rules:
+        needs = {r.collection for r in spec.create().requires()}
+        anything = "*" in needs  # a rule over every captured collection applies to whatever is captured
+        (kept if anything or needs <= provides else left).append((spec, needs - provides - {"*"}))
+    if left:
+        chosen = not config.source.endswith("(packaged default)")
+        log.log(logging.WARNING if chosen else logging.INFO,
+                "tripwire: %s capture no %s, so these rules are not evaluated: %s.", framework,
+                ", ".join(sorted(set().union(*(m for _, m in left)))), ", ".join(s.id for s, _ in left))
+    return dataclasses.replace(config, rules=tuple(s for s, _ in kept))

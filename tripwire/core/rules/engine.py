@@ -24,6 +24,7 @@ class _Slot:
     def __init__(self, spec):
         self.spec = spec
         self.rule = spec.create()
+        self.needs = {r.collection for r in self.rule.requires()}
         self.fired: set[int] = set()  # workers
         self.failed = False
         self.evaluated = False
@@ -44,12 +45,18 @@ class RuleEngine:
         needs = [s.rule.history for s in self.slots if any(r.save_tensors for r in s.rule.requires())]
         return max(needs + [1])
 
-    def evaluate(self, view, step: int, mode: str, worker: int) -> list[Verdict]:
-        """New verdicts at this step (fired or error)."""
+    def evaluate(self, view, step: int, mode: str, worker: int, captured: set | None = None) -> list[Verdict]:
+        """New verdicts at this step (fired or error).
+
+        captured: the collections recorded at this step, where known (in the training process). A rule that
+        requires collections, none of them among these, is not evaluated: its data did not change since it
+        last was (e.g. the loss-only steps of the default config)."""
         out = []
         scoped = None
         for slot in self.slots:
             if slot.failed or worker in slot.fired or mode not in slot.rule.modes:
+                continue
+            if captured is not None and slot.needs and "*" not in slot.needs and not slot.needs & captured:
                 continue
             scoped = scoped or view.at(step, mode, worker)
             self._run(slot, lambda: slot.rule.check(scoped, step), step, mode, worker, out)
@@ -91,8 +98,9 @@ class RuleEngine:
         for slot in self.slots:
             if slot.failed or slot.fired or slot.rule.idle:  # the clock is never missing
                 continue
-            missing = [r.collection for r in slot.rule.requires()
-                       if r.collection != "*" and r.collection not in collections]
+            needs = [r.collection for r in slot.rule.requires()]
+            # a rule over every captured collection has data as soon as anything was captured
+            missing = [] if "*" in needs and collections else [c for c in needs if c not in collections]
             if missing or not slot.evaluated:
                 what = f"collections {', '.join(missing)} were never captured" if missing else \
                     f"it was never evaluated (no step of mode {', '.join(slot.rule.modes)} was sampled)"

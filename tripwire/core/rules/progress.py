@@ -8,23 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Requirement, Rule
-
-
-def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int):
-    """(eval steps, val values, mean train value since the previous eval) up to `step`; None where absent."""
-    if val_tensor not in run.tensor_names(mode="eval") or train_tensor not in run.tensor_names(mode="train"):
-        return None
-    val_steps, val = run.tensor(val_tensor).series(mode="eval")
-    train_steps, train = run.tensor(train_tensor).series(mode="train")
-    if not len(val_steps) or val_steps[-1] != step:
-        return None
-    means = np.full(len(val_steps), np.nan)
-    for i, s in enumerate(val_steps):
-        low = val_steps[i - 1] if i else -1
-        window = train[(train_steps > low) & (train_steps <= s)]
-        if len(window):
-            means[i] = float(np.mean(window))
-    return val_steps, val, means
+from .losses import train_means_at_evals
 
 
 @dataclass

@@ -1,0 +1,238 @@
+"""The XGBoost plugin on real boosting: rules firing and not, stop, checkpoint, sklearn, CLI, Dask on 2 workers."""
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xgboost as xgb
+from sklearn.datasets import load_digits, make_classification
+
+import tripwire
+from tripwire.plugins.xgboost import TripwireCallback
+
+# One config for every run below: the faulty runs fire their rule under it, the sane run fires nothing.
+OVERFIT = {"rule": "overfit", "params": {"train_tensor": "metrics/train/logloss", "val_tensor": "metrics/val/logloss",
+                                         "val_mode": "train", "patience": 3}}
+NOT_DECREASING = {"rule": "loss_not_decreasing", "params": {"collection": "metrics",
+                                                            "tensor_regex": "^metrics/val/m?logloss$"}}
+RULES = {"sampling": {"every": 1}, "collections": {"trees": {}, "feature_importance": {}},
+         "rules": ["tree_depth", "feature_importance_overweight", "class_imbalance", "confusion", OVERFIT,
+                   NOT_DECREASING]}
+DEEP = {"objective": "binary:logistic", "max_depth": 12, "min_child_weight": 0, "lambda": 0}
+
+
+def noisy(n=600):
+    """Binary data with 20% of the labels flipped: deep trees learn the noise."""
+    return make_classification(n_samples=n, n_features=20, n_informative=5, flip_y=0.2, random_state=0)
+
+
+def leaking(n=1000, noise=0.1):
+    """Binary data where feature 7 is the label plus a little noise."""
+    x, y = make_classification(n_samples=n, n_features=20, n_informative=10, flip_y=0.1, random_state=0)
+    x[:, 7] = y + np.random.default_rng(0).normal(0, noise, len(y))
+    return x, y
+
+
+def confused_digits():
+    """Digits where half of the 7s are labelled 1 (in training and held-out data alike)."""
+    x, y = load_digits(return_X_y=True)
+    sevens = np.flatnonzero(y == 7)
+    y = y.copy()
+    y[sevens[np.random.default_rng(0).random(len(sevens)) < 0.5]] = 1
+    return x, y
+
+
+def separable(n=20000):
+    """Balanced binary data, 10 informative features, well separated: a small model learns it without overfitting."""
+    return make_classification(n_samples=n, n_features=20, n_informative=10, n_redundant=0, class_sep=2.5,
+                               random_state=0)
+
+
+def train(x, y, params, rounds, cut, config=RULES, **callback):
+    """xgb.train with a train and a held-out eval set; returns (booster, callback, evals_result)."""
+    xt, yt, xv, yv = x[:cut], y[:cut], x[cut:], y[cut:]
+    cb = TripwireCallback(config, **{"eval_data": (xv, yv), **callback})
+    dtrain, dval = xgb.DMatrix(xt, label=yt), xgb.DMatrix(xv, label=yv)
+    result = {}
+    booster = xgb.train({"nthread": 1, **params}, dtrain, rounds, evals=[(dtrain, "train"), (dval, "val")],
+                        callbacks=[cb], evals_result=result, verbose_eval=False)
+    return booster, cb, result
+
+
+def fired(run_url):
+    return {v.rule: v for v in tripwire.open_run(run_url).verdicts() if v.fired}
+
+
+def test_deep_trees_on_a_small_dataset_fire_overfit_and_tree_depth(tmp_path):
+    x, y = noisy()
+    booster, cb, result = train(x, y, DEEP, 30, 300, out_dir=tmp_path / "deep")
+    verdicts = fired(cb.run_url)
+    assert {"overfit", "tree_depth", "loss_not_decreasing"} <= set(verdicts)
+    assert verdicts["tree_depth"].step == 0 and "depth 12" in verdicts["tree_depth"].message
+    assert verdicts["overfit"].step == 2  # patience 3: the third round in a row
+    assert "max_depth" in verdicts["tree_depth"].hint
+    assert booster.num_boosted_rounds() == 30 and cb.verdicts  # log only: training went on
+
+    run = tripwire.open_run(cb.run_url)
+    steps, values = run.tensor("metrics/val/logloss").series()
+    assert steps.tolist() == list(range(30)) and np.allclose(values, result["val"]["logloss"])
+    assert run.tensor("trees/depth").reduction(0) == 12
+    assert run.tensor("trees/leaves").reduction(5) == run.tensor("trees/splits").reduction(5) + 1
+    assert run.info["framework"] == "xgboost" and run.info["framework_version"].startswith("xgboost")
+    assert run.info["hyperparameters"]["max_depth"] == "12" and run.info["num_features"] == 20
+    assert run.info["status"] == "finished"
+
+
+def test_a_leaking_feature_fires_feature_importance_overweight(tmp_path):
+    x, y = leaking()
+    _, cb, _ = train(x, y, {"objective": "binary:logistic", "max_depth": 3}, 20, 700, out_dir=tmp_path / "leak")
+    verdict = fired(cb.run_url)["feature_importance_overweight"]
+    assert verdict.step == 10 and "f7" in verdict.message  # start_step 10
+    names = tripwire.open_run(cb.run_url).tensor_names("feature_importance")
+    assert {f"feature_importance/{t}/f7" for t in ("weight", "gain", "cover", "total_gain", "total_cover")} \
+        <= set(names)
+
+
+def test_a_1_to_50_split_fires_class_imbalance_with_the_sklearn_estimator(tmp_path):
+    x, y = make_classification(n_samples=3000, n_features=20, n_informative=10, weights=[0.98], flip_y=0,
+                               random_state=0)
+    xt, yt, xv, yv = x[:2000], y[:2000], x[2000:], y[2000:]
+    cb = TripwireCallback(RULES, out_dir=tmp_path / "imbalance", eval_data=(xv, yv))
+    model = xgb.XGBClassifier(n_estimators=20, max_depth=3, n_jobs=1, callbacks=[cb])
+    model.fit(xt, yt, eval_set=[(xt, yt), (xv, yv)], verbose=False)
+    verdict = fired(cb.run_url)["class_imbalance"]
+    assert verdict.step == 0 and "40.7x" in verdict.message and verdict.evidence["counts"] == {"0": 976, "1": 24}
+    run = tripwire.open_run(cb.run_url)
+    assert "metrics/validation_1/logloss" in run.tensor_names()  # the sklearn estimator's eval set names
+    assert np.array_equal(run.tensor("labels").value(19), yv)
+    assert np.allclose(run.tensor("predictions").value(19), model.predict_proba(xv)[:, 1], atol=1e-6)
+    assert pickle.loads(pickle.dumps(model)).get_booster().num_boosted_rounds() == 20  # the callback pickles
+
+
+def test_confused_classes_fire_confusion(tmp_path):
+    x, y = confused_digits()
+    _, cb, _ = train(x, y, {"objective": "multi:softprob", "num_class": 10, "max_depth": 3}, 20, 1200,
+                     out_dir=tmp_path / "confused")
+    verdict = fired(cb.run_url)["confusion"]
+    assert verdict.step == 10 and "class 1" in verdict.message
+    matrix = np.array(verdict.evidence["matrix"])
+    assert matrix.shape == (10, 10) and matrix.sum() >= 500
+
+
+def test_a_sane_model_fires_nothing(tmp_path):
+    x, y = separable()
+    booster, cb, _ = train(x, y, {"objective": "binary:logistic", "max_depth": 2, "eta": 0.3}, 20, 13333,
+                           out_dir=tmp_path / "sane")
+    run = tripwire.open_run(cb.run_url)
+    assert run.verdicts() == [] and cb.verdicts == []
+    assert set(run.collections()) == {"metrics", "trees", "feature_importance", "labels", "predictions"}
+    assert run.steps() == list(range(20)) and booster.num_boosted_rounds() == 20
+
+
+def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):
+    x, y = noisy()
+    config = {"sampling": {"every": 1}, "rules": [{**OVERFIT, "actions": ["log", "checkpoint", "stop"]}]}
+    booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "stop")
+    step = fired(cb.run_url)["overfit"].step
+    assert step == 2 and booster.num_boosted_rounds() == step + 1
+    run = tripwire.open_run(cb.run_url)
+    assert run.info["status"] == "stopped" and run.steps() == [0, 1, 2]
+    saved = xgb.Booster(model_file=str(tmp_path / "stop" / "checkpoints" / f"step{step}.ubj"))
+    data = xgb.DMatrix(x[300:])
+    assert saved.num_boosted_rounds() == 3 and np.array_equal(saved.predict(data), booster.predict(data))
+
+
+def test_raise_action_raises_rule_fired_and_closes_the_run(tmp_path):
+    x, y = noisy()
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "tree_depth", "actions": ["raise"]}]}
+    with pytest.raises(tripwire.RuleFired):
+        train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "raise", checkpoint_format="json")
+    assert tripwire.open_run(tmp_path / "raise").info["status"] == "stopped"
+
+
+def test_the_config_in_the_docs_runs_as_documented(tmp_path):
+    text = (Path(__file__).parents[1] / "docs" / "xgboost.md").read_text()
+    config = tripwire.load_config(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    x, y = separable(3000)
+    xt, yt, xv, yv = x[:2000], y[:2000], x[2000:], y[2000:]
+    cb = TripwireCallback(config, out_dir=tmp_path / "docs", eval_data=(xv, yv))
+    dtrain, dval = xgb.DMatrix(xt, label=yt), xgb.DMatrix(xv, label=yv)
+    xgb.train({"nthread": 1, "max_depth": 3, "objective": "binary:logistic"}, dtrain, 12,
+              evals=[(dtrain, "train"), (dval, "validation")], callbacks=[cb], verbose_eval=False)
+    run = tripwire.open_run(cb.run_url)
+    assert not [v for v in run.verdicts() if not v.fired]  # every rule found its data
+    assert {"metrics/validation/logloss", "trees/depth", "labels"} <= set(run.tensor_names())
+
+
+@pytest.mark.parametrize("labels, scores, fires", [
+    (np.repeat([0, 1], 300), np.r_[np.full(300, 0.1), np.full(240, 0.2), np.full(60, 0.9)], "80% of the 300"),
+    (np.repeat([0, 1], 300), np.r_[np.full(300, -2.1), np.full(300, 1.7)], None),  # logits: class 1 above 0.5
+    (np.eye(3)[np.repeat([0, 1, 2], 200)], np.eye(3)[np.repeat([0, 1, 2], 200)] * 5, None),  # one-hot, [n, C]
+    (np.repeat([0, 1, 2], 200), np.repeat([0, 2, 2], 200).astype(float), "100% of the 200 samples of class 1"),
+])
+def test_class_rules_read_labels_and_predictions_in_every_format(labels, scores, fires):
+    from tripwire.core.history import History
+    from tripwire.core.rules.classification import ClassImbalance
+
+    history = History(16, 16)
+    history.add(0, "train", 20, {}, {"labels": labels, "predictions": scores})
+    verdict = ClassImbalance().check(history.at(20, "train", 0), 20)
+    assert verdict is None if fires is None else fires in verdict.message
+    assert ClassImbalance(samples=601).check(history.at(20, "train", 0), 20) is None  # too few labels yet
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_check_and_show_handle_xgboost_runs(tmp_path):
+    x, y = noisy()
+    _, faulty, _ = train(x, y, DEEP, 10, 300, out_dir=tmp_path / "faulty")
+    x, y = separable(3000)
+    _, sane, _ = train(x, y, {"objective": "binary:logistic", "max_depth": 2}, 10, 2000,
+                       config={"sampling": {"every": 2}, "rules": ["tree_depth", "class_imbalance"]},
+                       out_dir=tmp_path / "sane")
+
+    bad = cli("check", faulty.run_url)
+    assert bad.returncode == 1 and "[tree_depth] fired at step 0" in bad.stdout and "[overfit] fired" in bad.stdout
+    ok = cli("check", sane.run_url)
+    assert ok.returncode == 0 and "0 rule(s) fired" in ok.stdout
+    (tmp_path / "deeper.yaml").write_text("rules: [{rule: tree_depth, params: {depth: 1}}]\n")
+    assert cli("check", sane.run_url, "--config", str(tmp_path / "deeper.yaml")).returncode == 1
+    show = cli("show", faulty.run_url)
+    assert show.returncode == 0 and "xgboost" in show.stdout and "trees/depth" in show.stdout
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from dask import distributed
+
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) \
+            as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", ["zero", "all"])
+def test_dask_two_workers_record_and_stop_together(tmp_path, dask_client, workers):
+    import dask.array as da
+    import xgboost.dask as dxgb
+
+    x, y = noisy()
+    config = {"workers": workers, "sampling": {"every": 1}, "collections": {"labels": {"save": "tensors"}},
+              "rules": [{**OVERFIT, "actions": ["log", "checkpoint", "stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "dask", eval_data=(x[300:], y[300:]))
+    dtrain, dval = (dxgb.DaskDMatrix(dask_client, da.from_array(a, chunks=150), da.from_array(b, chunks=150))
+                    for a, b in ((x[:300], y[:300]), (x[300:], y[300:])))
+    out = dxgb.train(dask_client, DEEP, dtrain, 30, evals=[(dtrain, "train"), (dval, "val")], callbacks=[cb])
+
+    run = tripwire.open_run(cb.run_url)
+    verdicts = [v for v in run.verdicts() if v.fired]
+    assert {v.step for v in verdicts} == {2} and out["booster"].num_boosted_rounds() == 3  # both workers stopped
+    assert run.workers() == ([0] if workers == "zero" else [0, 1]) == sorted(v.worker for v in verdicts)
+    assert run.info["world_size"] == 2 and run.info["status"] == "stopped"
+    assert run.steps() == [0, 1, 2] and np.array_equal(run.tensor("labels").value(2), y[300:])
+    assert (tmp_path / "dask" / "checkpoints" / "step2.ubj").exists()

@@ -1,0 +1,70 @@
+"""What a Booster tells tripwire: its hyperparameters, the shape of a round's trees, feature importance.
+
+Read on sampled rounds only. Tree statistics come from the JSON dump of the
+round's own trees (a slice of the booster), so their cost does not grow with
+the number of rounds already boosted.
+"""
+
+from __future__ import annotations
+
+import json
+
+IMPORTANCE_TYPES = ("weight", "gain", "cover", "total_gain", "total_cover")
+TREE_BOOSTERS = ("gbtree", "dart")
+
+
+def booster_config(booster) -> dict:
+    return json.loads(booster.save_config())
+
+
+def hyperparameters(config: dict) -> dict:
+    """The booster's parameters, flattened: every `*_param` section of its config ({name: value as a string})."""
+    flat: dict = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key.endswith("_param") and isinstance(value, dict):
+                    flat.update({k: v for k, v in value.items() if not isinstance(v, (dict, list))})
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(config)
+    return dict(sorted(flat.items()))
+
+
+def booster_kind(config: dict) -> str:
+    return config["learner"]["gradient_booster"]["name"]
+
+
+def tree_stats(booster, iteration: int) -> dict[str, float]:
+    """Depth (deepest tree; a lone leaf is 0), leaves and splits (summed) of the trees added in one round."""
+    depth, leaves, splits = 0, 0, 0
+    for text in booster[iteration:iteration + 1].get_dump(dump_format="json"):
+        stack = [(json.loads(text), 0)]
+        while stack:
+            node, level = stack.pop()
+            children = node.get("children")
+            if children:
+                splits += 1
+                stack.extend((child, level + 1) for child in children)
+            else:
+                leaves += 1
+                depth = max(depth, level)
+    return {"depth": float(depth), "leaves": float(leaves), "splits": float(splits)}
+
+
+def importance(booster, kinds=IMPORTANCE_TYPES) -> dict[str, dict[str, float]]:
+    """{type: {feature: score}} for these importance types; features the trees never split on are absent."""
+    out = {}
+    for kind in kinds:
+        scores = booster.get_score(importance_type=kind)
+        out[kind] = {f: float(s) for f, s in scores.items() if isinstance(s, (int, float))}
+    return out
+
+
+def feature_names(booster) -> list[str]:
+    """The names XGBoost reports features by: the data's own, or f0, f1, …"""
+    return booster.feature_names or [f"f{i}" for i in range(booster.num_features())]

@@ -1,0 +1,214 @@
+"""The XGBoost callback: an adapter from `xgboost.callback.TrainingCallback` onto tripwire.core.
+
+One step is one boosting round, in mode `train`. On a sampled round the
+callback records the round's eval log, the newest trees' statistics, feature
+importance, and labels and predictions on the eval data it was given; the
+Recorder runs the rules; `stop` returns True from `after_iteration`.
+
+Distributed training (`xgboost.dask`, or any XGBoost collective) pickles the
+callback to every worker, so it keeps only its settings and opens its Recorder
+in `before_training`, on the worker. Rank 0 names the run and broadcasts the
+URL; only rank 0 records unless the config says `workers: all`. Every worker
+runs the callback at the same rounds, and at each sampled round they agree on
+stop and checkpoint with one allreduce (MAX) over XGBoost's own collective, so
+a stop decided on any rank ends boosting on all of them at the same round,
+whether the verdict came from that rank's rules or from `tripwire watch`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xgboost as xgb
+from xgboost import collective
+
+from tripwire.core.config import load_config
+from tripwire.core.naming import VALUE
+from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.core.reductions import reduce
+
+from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, feature_names, hyperparameters,
+                      importance, tree_stats)
+
+log = logging.getLogger("tripwire")
+CHECKPOINT_FORMATS = ("ubj", "json")
+PROVIDES = {"metrics", "feature_importance", "trees", "labels", "predictions"}  # what a booster can show
+
+
+class TripwireCallback(xgb.callback.TrainingCallback):
+    """Capture, rules and actions for `xgb.train`, `xgboost.dask.train` and the sklearn estimators.
+
+    config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Given, the URL is fixed now
+        (`run_url` is known before training, also on a Dask client); otherwise each training gets a fresh run.
+    storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    eval_data: (X, y) or a DMatrix whose labels and predictions feed the `labels` and `predictions`
+        collections (rules class_imbalance, confusion). Use (X, y) with Dask: a DMatrix does not pickle.
+    checkpoint_format: "ubj" or "json", the format of the booster the `checkpoint` action writes.
+    """
+
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None, *, eval_data=None,
+                 checkpoint_format: str = "ubj"):
+        super().__init__()
+        if checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(f"checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}; "
+                             f"got {checkpoint_format!r}.")
+        self.config = load_config(config)
+        self.out_dir, self.storage_options = out_dir, storage_options
+        self.eval_data, self.checkpoint_format = eval_data, checkpoint_format
+        self.run_url: str | None = make_run_url(self.config, out_dir) if out_dir is not None else None
+        self._open_state()
+
+    def _open_state(self) -> None:
+        """What exists only while training runs in this process; never pickled."""
+        self._plan = None
+        self._recorder: Recorder | None = None
+        self._rank, self._world = 0, 1
+        self._trees = False
+        self._state = "finished"
+        self._verdicts: list = []
+
+    def __getstate__(self):
+        return {k: self.__dict__[k] for k in ("config", "out_dir", "storage_options", "eval_data",
+                                              "checkpoint_format", "run_url")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open_state()
+
+    @property
+    def verdicts(self) -> list:
+        """Verdicts found so far in this process (on Dask, in the workers: read them with open_run)."""
+        return list(self._verdicts)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def before_training(self, model):
+        if not isinstance(model, xgb.Booster):
+            raise TypeError("tripwire's TripwireCallback works with xgb.train, xgboost.dask and the sklearn "
+                            "estimators; xgb.cv is not supported.")
+        if self._recorder is not None:  # the last training raised before after_training
+            self._finish("failed")
+        self._rank, self._world = collective.get_rank(), collective.get_world_size()
+        url = self.run_url if self.out_dir is not None else make_run_url(self.config)
+        self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
+        self._plan = self.config.plan()
+        config = booster_config(model)
+        self._trees = booster_kind(config) in TREE_BOOSTERS
+        self._state = "finished"
+        if self.config.workers == "all" or self._rank == 0:
+            self._recorder = Recorder(self.config, run_url=self.run_url, framework="xgboost",
+                                      framework_version=_framework_version(), worker=self._rank,
+                                      world_size=self._world, storage_options=self.storage_options,
+                                      info={"hyperparameters": hyperparameters(config),
+                                            "num_features": model.num_features()},
+                                      provides=PROVIDES)
+            self._recorder.start()
+            self._verdicts = self._recorder.verdicts
+            if self.eval_data is None and {"labels", "predictions"} & set(self._plan.collections):
+                log.warning("tripwire: the config captures labels and predictions, but the callback has no "
+                            "eval_data: pass TripwireCallback(..., eval_data=(X, y)).")
+        return model
+
+    def after_training(self, model):
+        self._finish(self._state)
+        return model
+
+    def _finish(self, state: str) -> None:
+        if self._recorder is not None:
+            try:
+                self._recorder.finish(state)
+            finally:
+                self._recorder = None
+
+    # -- rounds ---------------------------------------------------------------------------------------------------
+    def after_iteration(self, model, epoch: int, evals_log) -> bool:
+        collections = self._plan.at("train", epoch)
+        if not collections:
+            return False
+        decision = None
+        if self._recorder is not None:
+            values, tensors = self._sample(model, epoch, evals_log, {c.name: c for c in collections})
+            decision = self._recorder.record(epoch, "train", values, tensors)
+        return self._decide(model, decision, epoch)
+
+    def _sample(self, model, epoch: int, evals_log, active: dict) -> tuple[dict, dict]:
+        values, tensors = {}, {}
+
+        def scalar(collection: str, path: str, value: float) -> None:
+            plan = active.get(collection)
+            if plan is not None and plan.selects(path):
+                values[f"{collection}/{path}"] = {VALUE: float(value)}
+
+        for data, metrics in evals_log.items():
+            for metric, history in metrics.items():
+                scalar("metrics", f"{data}/{metric}", history[-1])
+        if self._trees and "trees" in active:
+            for key, value in tree_stats(model, epoch).items():
+                scalar("trees", key, value)
+        if self._trees and "feature_importance" in active:
+            plan, names = active["feature_importance"], feature_names(model)
+            kinds = [k for k in IMPORTANCE_TYPES if any(plan.selects(f"{k}/{f}") for f in names)]
+            for kind, scores in importance(model, kinds).items():
+                for feature, value in scores.items():
+                    scalar("feature_importance", f"{kind}/{feature}", value)
+        if self.eval_data is not None and ("labels" in active or "predictions" in active):
+            for name, array in zip(("labels", "predictions"), self._labels_and_predictions(model, epoch)):
+                plan = active.get(name)
+                if plan is not None:
+                    if plan.reductions:
+                        values[name] = reduce(array, plan.reductions)
+                    if plan.save_tensors:
+                        tensors[name] = array
+        return values, tensors
+
+    def _labels_and_predictions(self, model, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Labels (class ids as int64 where they are whole numbers) and the model's predictions after this round."""
+        if isinstance(self.eval_data, xgb.DMatrix):
+            labels = self.eval_data.get_label()
+            scores = model.predict(self.eval_data, iteration_range=(0, epoch + 1))
+        else:
+            x, labels = self.eval_data
+            scores = model.inplace_predict(x, iteration_range=(0, epoch + 1))
+        labels, scores = _host(labels), _host(scores).astype(np.float32)
+        if np.all(labels == np.round(labels)):
+            labels = labels.astype(np.int64)
+        return labels, scores
+
+    # -- decisions ------------------------------------------------------------------------------------------------
+    def _decide(self, model, decision, epoch: int) -> bool:
+        """Agree across workers (every worker calls this at the same sampled rounds) and act."""
+        stop = bool(decision and (decision.stop or decision.raise_for))
+        checkpoint = bool(decision and decision.checkpoint)
+        if self._world > 1:
+            flags = collective.allreduce(np.array([stop, checkpoint], dtype=np.int32), collective.Op.MAX)
+            stop, checkpoint = bool(flags[0]), bool(flags[1])
+        if checkpoint and self._rank == 0:  # the model is the same on every worker
+            name = f"checkpoints/step{epoch}.{self.checkpoint_format}"
+            self._recorder.store.put(name, bytes(model.save_raw(raw_format=self.checkpoint_format)))
+            log.warning("tripwire: checkpoint written to %s", self._recorder.store.url_of(name))
+        if stop:
+            self._state = "stopped"
+        if decision is not None and decision.raise_for is not None:
+            self._finish("stopped")
+            decision.raise_if_asked()
+        return stop
+
+
+def _host(array) -> np.ndarray:
+    """A numpy array of labels or predictions (cupy arrays are copied from the GPU)."""
+    if hasattr(array, "__cuda_array_interface__"):
+        array = array.get()
+    return np.asarray(array)
+
+
+def _framework_version() -> str:
+    """The installed distribution: `xgboost` or `xgboost-cpu`, with its version."""
+    from importlib import metadata
+
+    for distribution in ("xgboost", "xgboost-cpu"):
+        try:
+            return f"{distribution} {metadata.version(distribution)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"xgboost {xgb.__version__}"
