@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 
-def digits(n_train: int | None = None, scale: float = 1.0, labels=None):
-    """Standardised digits (x, y) split into train and validation arrays."""
+def digits(n_train: int | None = None, scale: float = 1.0, minority: int | None = None):
+    """Standardised digits (x, y) split into train and validation arrays. With `minority=k`, a binary task
+    (is it a 0?) where the zeros are cut down to one per k other digits."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     x = ((x - x.mean(0)) / (x.std(0) + 1e-6) * scale).astype(np.float32)
-    if labels is not None:
-        y = labels(y)
+    if minority is not None:
+        zeros = np.flatnonzero(y == 0)[: int(np.sum(y != 0) / minority)]
+        keep = np.sort(np.concatenate([np.flatnonzero(y != 0), zeros]))
+        x, y = x[keep], (y[keep] == 0).astype(np.int64)
     cut = int(len(x) * 0.75)
     train = (x[:cut], y[:cut]) if n_train is None else (x[:n_train], y[:n_train])
     return train, (x[cut:], y[cut:])
@@ -45,7 +48,7 @@ def classifier(net, lr=0.1, optimizer="sgd", momentum=0.0, pl=None):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return torch.nn.functional.cross_entropy(self.net(x), y)
+            return torch.nn.functional.cross_entropy(self(x), y)  # forward(): tripwire sees the predictions
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
@@ -59,8 +62,8 @@ def classifier(net, lr=0.1, optimizer="sgd", momentum=0.0, pl=None):
     return Classifier()
 
 
-def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=None, pl=None):
-    """An MLP classifier on 64 inputs, 10 classes. `init(net)` may break it on purpose."""
+def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=None, pl=None, classes=10):
+    """An MLP classifier on 64 inputs. `init(net)` may break it on purpose."""
     import torch
 
     torch.manual_seed(0)
@@ -69,7 +72,7 @@ def mlp_module(lr=0.1, hidden=(32,), activation="relu", optimizer="sgd", init=No
     for h in hidden:
         layers += [torch.nn.Linear(width, h), act()]
         width = h
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
     if init is not None:
         init(net)
     return classifier(net, lr=lr, optimizer=optimizer, pl=pl)

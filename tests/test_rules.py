@@ -71,6 +71,20 @@ def test_rule_fires_on_fault_only(tmp_path, rule, faulty):
         assert found[0].hint == tripwire.load_config({"rules": [rule]}).rules[0].create().hint
 
 
+@pytest.mark.parametrize("faulty", [True, False], ids=["1:50 labels", "healthy"])
+def test_class_imbalance(tmp_path, faulty):
+    """Labels from the batch, predictions from the LightningModule's forward output."""
+    if faulty:
+        setup = dict(module=helpers.mlp_module(classes=2), loaders=helpers.torch_loaders(batch_size=64, minority=50))
+    else:
+        setup = dict(module=helpers.mlp_module(), loaders=helpers.torch_loaders(batch_size=64))
+    found = verdicts("class_imbalance", params={"start_step": 60}, every=2, out_dir=tmp_path / "run", max_epochs=4,
+                     **setup)
+    assert [v.status for v in found] == (["fired"] if faulty else [])
+    if faulty:
+        assert "class 0 has" in found[0].message and found[0].evidence["ratio"] > 10
+
+
 @pytest.mark.parametrize("fault", ["constant", "scale", "healthy"])
 def test_poor_weight_initialization(tmp_path, fault):
     init = {"constant": init_weights(constant=0.05, layer=0), "scale": init_weights(std=1.0, layer=2),
