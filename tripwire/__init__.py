@@ -13,6 +13,7 @@ _EXPORTS = {
     "Config": "tripwire.core.config",
     "open_run": "tripwire.core.run",
     "Run": "tripwire.core.run",
+    "compare": "tripwire.core.compare",
     "Verdict": "tripwire.core.verdict",
     "Rule": "tripwire.core.rules.base",
     "Requirement": "tripwire.core.rules.base",
