@@ -202,10 +202,14 @@ def _ls(args) -> int:
     if not rows:
         print(f"no runs under {args.root}")
         return 0
-    print(f"{'run':40} {'framework':10} {'steps':>7} {'status':9} {'created':19} verdicts")
+    width = max(12, *(len(r["name"]) for r in rows))
+    print(f"{'run':{width}} {'framework':10} {'last step':>9} {'status':9} {'created':19} verdicts")
     for r in rows:
-        print(f"{r['name']:40} {r['framework'] or '?':10} {r['steps']:>7} {r['status']:9} "
-              f"{_when(r['created']):19} {r['verdicts']}")
+        step = "-" if r["last_step"] is None else r["last_step"]
+        status = r["status"] if not r["error"] else f"unreadable: {r['error']}"
+        no_data = f" (+{r['no_data']} no data)" if r["no_data"] else ""
+        print(f"{r['name']:{width}} {r['framework'] or '?':10} {step:>9} {status:9} {_when(r['created']):19} "
+              f"{r['verdicts']}{no_data}")
     return 0
 
 
@@ -213,9 +217,10 @@ def _rules(args) -> int:
     from .rules.registry import rule_class, rule_names
 
     if not args.name:
+        import inspect
+
         for name in rule_names():
-            cls = rule_class(name)
-            print(f"{name:28} {cls.condition}")
+            print(f"{name:30} {(inspect.getdoc(rule_class(name)) or '').splitlines()[0]}")
         print("\n`tripwire rules NAME` shows a rule's parameters, requirements and hint.")
         return 0
     try:
@@ -225,19 +230,9 @@ def _rules(args) -> int:
 
         print(f"{exc}{did_you_mean(args.name, rule_names())}", file=sys.stderr)
         return 2
-    rule = cls()
-    print(f"{cls.rule_name()}\n\ncondition: {cls.condition}\n")
-    print("parameters:")
-    for key, default in cls.parameters().items():
-        print(f"  {key} = {default!r}")
-    print("\nrequires:")
-    for req in rule.requires():
-        extra = (f", reductions {', '.join(req.reductions)}" if req.reductions else "") + \
-                (", full tensors" if req.save_tensors else "") + \
-                (f", layers matching {', '.join(req.include)}" if req.include else "")
-        print(f"  {req.collection if req.collection != '*' else 'every tensor collection captured'}{extra}")
-    print(f"  evaluated at: {', '.join(cls.modes)} steps")
-    print(f"\nhint: {cls.hint}\n\nsource: {cls.source}")
+    from .rulesdoc import describe
+
+    print(describe(cls))
     return 0
 
 

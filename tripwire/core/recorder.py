@@ -95,7 +95,7 @@ class Recorder:
                                                 self.verdicts)
 
     def finish(self, state: str = "finished") -> None:
-        """Final verdicts (no_data), the report if asked for, the last shard, the index, the final status."""
+        """Final verdicts (no_data), the last shard, the index, the final status; then the report if asked for."""
         if self.writer is None:
             return
         if self.engine is not None:

@@ -1,0 +1,104 @@
+"""TensorBoard export: event files read back with TensorBoard's own EventAccumulator, after the fact and live."""
+
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import helpers
+import tripwire
+from tripwire.core.recorder import Recorder
+
+pytest.importorskip("tensorboard")
+
+
+def accumulator(logdir):
+    """TensorBoard's reader over one sub-logdir. It is told to use its TensorFlow stub (the supported
+    `tensorboard.compat.notf` switch): reading needs no TensorFlow, and importing it would take seconds."""
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def assert_scalars_match(acc, run, mode):
+    """Every series of the run in this mode is a scalar tag with the same steps and (float32) values."""
+    expected = set()
+    for name in run.tensor_names(mode=mode):
+        tensor = run.tensor(name)
+        for reduction in tensor.reductions(mode=mode):
+            tag = name if reduction == "value" else f"{name}/{reduction}"
+            expected.add(tag)
+            steps, values = tensor.series(reduction, mode=mode)
+            events = acc.Scalars(tag)
+            assert [e.step for e in events] == steps.tolist(), tag
+            np.testing.assert_array_equal(np.array([e.value for e in events], dtype=np.float32),
+                                          values.astype(np.float32), err_msg=tag)
+    assert set(acc.Tags()["scalars"]) == expected
+
+
+def test_export_reads_back_with_event_accumulator(tmp_path):
+    config = {"collections": {"weights": {"save": "tensors"}, "losses": {}, "metrics": {}},
+              "sampling": {"every": 1}, "writer": {"flush_every_s": 0.05},
+              "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}
+    rec = Recorder(config, run_url=str(tmp_path / "run"), framework="test")
+    rec.start()
+    rng = np.random.default_rng(0)
+    for step in range(10):
+        w = rng.normal(size=(4, 3)).astype(np.float32)
+        loss = float("nan") if step == 7 else 1 / (step + 1)
+        if step % 3 == 2:
+            rec.record(step, "eval", {"metrics/val_loss": {"value": 2 / (step + 1)}})
+        values = {"losses/train": {"value": loss},
+                  "weights/w": {"mean": float(w.mean()), "l2": float(np.linalg.norm(w))}}
+        if rec.record(step, "train", values, {"weights/w": w}).stop:
+            break
+    rec.finish("stopped")
+    run = tripwire.open_run(tmp_path / "run")
+
+    out = subprocess.run([sys.executable, "-m", "tripwire", "export", "tensorboard", str(tmp_path / "run"),
+                          str(tmp_path / "tb")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "wrote 26 scalars, 8 histograms and 1 verdicts" in out.stdout  # 8 train steps x 3, 2 eval steps
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["eval", "train"]
+
+    train, evaluation = accumulator(tmp_path / "tb" / "train"), accumulator(tmp_path / "tb" / "eval")
+    assert_scalars_match(train, run, "train")
+    assert_scalars_match(evaluation, run, "eval")
+    assert np.isnan(train.Scalars("losses/train")[-1].value)
+    histograms = train.Histograms("weights/w")
+    assert [h.step for h in histograms] == list(range(8))
+    for h in histograms:
+        w = run.tensor("weights/w").value(h.step)
+        value = h.histogram_value
+        assert value.num == w.size and value.min == pytest.approx(w.min()) and value.max == pytest.approx(w.max())
+        assert value.sum == pytest.approx(float(w.sum(dtype=np.float64)), abs=1e-6) and sum(value.bucket) == w.size
+    (text,) = train.Tensors("verdicts/exploding_tensor")
+    assert text.step == 7 and b"**exploding_tensor** fired at step 7" in text.tensor_proto.string_val[0]
+    assert b"hint" in text.tensor_proto.string_val[0]
+
+
+def test_tensorboard_config_writes_live_during_lightning_training(tmp_path):
+    from tripwire.plugins.lightning import TripwireCallback
+
+    config = {"collections": {"losses": {}, "metrics": {}, "weights": {"include": ["net.0"], "save": "tensors"}},
+              "sampling": {"every": 1}, "tensorboard": {"dir": str(tmp_path / "tb" / "{run_id}")},
+              "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "runs" / "faulty")
+    helpers.fit(cb, helpers.mlp_module(lr=50.0), max_epochs=1, val_check_interval=4, limit_val_batches=1)
+    run = tripwire.open_run(cb.run_url)
+    verdict = next(v for v in run.verdicts() if v.fired)
+    assert verdict.rule == "exploding_tensor" and run.steps(mode="eval")
+
+    logdir = tmp_path / "tb" / "faulty"  # {run_id} is the run folder's name
+    train, evaluation = accumulator(logdir / "train"), accumulator(logdir / "eval")
+    assert_scalars_match(train, run, "train")
+    assert_scalars_match(evaluation, run, "eval")
+    assert "metrics/val_loss" in evaluation.Tags()["scalars"]
+    assert [h.step for h in train.Histograms("weights/net.0.weight")] == run.steps()
+    (text,) = (train if verdict.mode == "train" else evaluation).Tensors("verdicts/exploding_tensor")
+    assert text.step == verdict.step and verdict.message.encode() in text.tensor_proto.string_val[0]

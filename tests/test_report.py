@@ -1,0 +1,297 @@
+"""HTML reports: exact ROC/PR curves (held to scikit-learn), report sections, the `report` action off the
+training thread, the index of a folder of runs, and a faulty Lightning run's report rendered in headless Chromium."""
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn import metrics
+
+import helpers
+import tripwire
+from tripwire.core import curves, report_html
+from tripwire.core.recorder import Recorder
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+# -- exact curves -------------------------------------------------------------------------------------------------
+def assert_curves_match(y, score):
+    for ours, theirs in zip(curves.roc_curve(y, score), metrics.roc_curve(y, score)):
+        np.testing.assert_array_equal(ours, theirs)
+    for ours, theirs in zip(curves.roc_curve(y, score, drop_intermediate=False),
+                            metrics.roc_curve(y, score, drop_intermediate=False)):
+        np.testing.assert_array_equal(ours, theirs)
+    for ours, theirs in zip(curves.precision_recall_curve(y, score), metrics.precision_recall_curve(y, score)):
+        np.testing.assert_array_equal(ours, theirs)
+    assert curves.roc_auc(y, score) == pytest.approx(metrics.roc_auc_score(y, score), abs=1e-12)
+    assert curves.average_precision(y, score) == pytest.approx(metrics.average_precision_score(y, score), abs=1e-12)
+
+
+def test_binary_curves_with_ties_match_scikit_learn():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 2000)
+    score = np.round(rng.normal(size=2000) + y, 1)  # rounded: hundreds of tied scores across both classes
+    assert len(np.unique(score)) < 100
+    assert_curves_match(y, score)
+    assert_curves_match(np.array([0, 1, 0, 1]), np.array([0.5, 0.5, 0.5, 0.5]))  # one threshold: AUC 0.5
+    assert_curves_match(np.array([0, 0, 1, 1]), np.array([0.1, 0.2, 0.8, 0.9]))  # perfect
+    assert curves.roc_auc([0, 1, 0, 1], [0.5] * 4) == 0.5
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(-3, 3)), min_size=2, max_size=40)
+       .filter(lambda rows: len({label for label, _ in rows}) == 2))
+def test_curves_match_scikit_learn_on_any_small_tied_data(rows):
+    y, score = (np.array(column) for column in zip(*rows))
+    assert_curves_match(y, score.astype(float))
+
+
+def test_logits_rank_like_probabilities_without_saturating():
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, 500)
+    logits = rng.normal(size=(500, 2)) * 3 + np.eye(2)[y] * 2
+    data = curves.class_scores(y, logits)
+    softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    assert curves.roc_auc(y, data["rank"][:, 0]) == pytest.approx(metrics.roc_auc_score(y, softmax[:, 1]), abs=1e-12)
+    np.testing.assert_allclose(data["prob"][:, 0], softmax[:, 1])
+    huge = np.array([[0.0, 60.0], [0.0, 80.0], [0.0, 70.0], [0.0, -5.0]])  # probabilities all round to 1.0
+    assert curves.roc_auc([1, 1, 0, 0], curves.class_scores([1, 1, 0, 0], huge)["rank"][:, 0]) == 0.75
+
+    y3 = rng.integers(0, 4, 400)
+    logits3 = rng.normal(size=(400, 4)) + np.eye(4)[y3]
+    data3 = curves.class_scores(y3, logits3)
+    softmax3 = np.exp(logits3) / np.exp(logits3).sum(axis=1, keepdims=True)
+    macro = np.mean([curves.roc_auc(y3 == c, data3["rank"][:, c]) for c in range(4)])
+    assert macro == pytest.approx(metrics.roc_auc_score(y3, softmax3, multi_class="ovr"), abs=1e-12)
+    np.testing.assert_array_equal(data3["predicted"], logits3.argmax(axis=1))
+    with pytest.raises(ValueError, match="NaN"):
+        curves.class_scores([0, 1], [np.nan, 0.3])
+
+
+# -- report sections ----------------------------------------------------------------------------------------------
+FULL = {"collections": {"weights": {"save": "tensors"}, "gradients": {}, "updates": {}, "losses": {}, "metrics": {},
+                        "activations": {"reductions": ["zero_fraction"]}, "labels": {"save": "tensors"},
+                        "predictions": {"save": "tensors"}},
+        "sampling": {"every": 1}, "writer": {"flush_every_s": 0.05},
+        "rules": [{"rule": "exploding_tensor", "actions": ["stop", "report"]}]}
+LOSSES = {"collections": {"losses": {}}, "sampling": {"every": 1}, "writer": {"flush_every_s": 0.05},
+          "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}
+
+
+def synthetic_run(url, steps=20, nan_at=None, only_losses=False):
+    """A run with every kind of data the report draws (or only the loss), written through the recorder like a
+    plugin would."""
+    rng = np.random.default_rng(0)
+    rec = Recorder(LOSSES if only_losses else FULL, run_url=url, framework="test")
+    rec.start()
+    for step in range(steps):
+        bad = step == nan_at
+        values = {"losses/train": {"value": float("nan") if bad else 1 / (step + 1)}}
+        tensors = {}
+        for layer in ("net.0.weight", "net.2.weight"):
+            w = rng.normal(size=(8, 4)).astype(np.float32)
+            values[f"weights/{layer}"] = {"l2": float(np.linalg.norm(w)), "min": float(w.min()), "max": float(w.max())}
+            values[f"gradients/{layer}"] = {"l2": 0.1 / (step + 1), "mean": 0.0, "std": 0.01, "min": -0.1, "max": 0.1}
+            values[f"updates/{layer}"] = {"l2": 0.01}
+            tensors[f"weights/{layer}"] = w
+        values["activations/net.1"] = {"zero_fraction": 0.5}
+        y = rng.integers(0, 2, 64)
+        tensors["labels"], tensors["predictions"] = y, rng.normal(size=64) + 2 * y
+        if only_losses:
+            values, tensors = {"losses/train": values["losses/train"]}, {}
+        elif step % 5 == 4:
+            rec.record(step, "eval", {"metrics/val_loss": {"value": 1.2 / (step + 1)}})
+        if rec.record(step, "train", values, tensors).stop:
+            break
+    rec.finish("stopped" if nan_at is not None else "finished")
+    return tripwire.open_run(url)
+
+
+def test_report_holds_every_section(tmp_path):
+    run = synthetic_run(str(tmp_path / "run"), nan_at=12)
+    page = (tmp_path / "run" / "report.html").read_text()  # written by the report action at the end
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page.split("<body>")[1]
+    for text in ("exploding_tensor", "losses/train is not finite", "learning rate", "gradient L2 norm",
+                 "weight L2 norm", "update ratio", "activation zero fraction", 'alt="weights histograms"',
+                 'alt="gradients distributions"', "ROC AUC", 'alt="confusion matrix"', "config</summary>"):
+        assert text in page, text
+    assert page.count("data:image/png;base64,") == 1 + 4 + 2 + 3  # curves, heatmaps, distributions, classification
+    assert "not captured" not in page
+    # the AUC printed is the one of the last step's scores
+    step = run.tensor("labels").steps(tensors=True)[-1]
+    y, score = run.tensor("labels").value(step), run.tensor("predictions").value(step)
+    assert f"ROC AUC <b>{metrics.roc_auc_score(y, score):.4f}</b>" in page
+
+
+def test_sections_without_data_become_one_line_notes(tmp_path):
+    run = synthetic_run(str(tmp_path / "run"), steps=5, only_losses=True)
+    out = tmp_path / "out" / "r.html"
+    assert report_html.write_report(run, str(out)) == str(out)
+    page = out.read_text()
+    assert page.count("data:image/png;base64,") == 1  # the loss curve
+    for note in ("gradient L2 norm: not captured", "activation zero fraction: not captured",
+                 "weights: not captured", "no labels and predictions saved", "no verdicts: no rule fired"):
+        assert note in page, note
+
+
+def test_the_report_action_builds_off_the_training_thread(monkeypatch):
+    built, release = [], threading.Event()
+
+    def slow_build(run, output=None, storage_options=None, verdicts=None):
+        built.append((threading.current_thread().name, list(verdicts)))
+        release.wait(5)
+
+    monkeypatch.setattr(report_html, "write_report", slow_build)
+    monkeypatch.setattr("tripwire.core.run.Run", lambda store: store)
+    background = report_html.BackgroundReport(store=types.SimpleNamespace(url_of=lambda rel: rel))
+    started = time.monotonic()
+    background.request([0])
+    while not built:  # the first build is under way ...
+        time.sleep(0.01)
+    for i in range(1, 5):  # ... requests meanwhile coalesce into one more
+        background.request([i])
+    assert time.monotonic() - started < 1.0
+    release.set()
+    background.wait()
+    assert [b[0] for b in built] == ["tripwire-report"] * 2 and built[-1][1] == [4]
+
+
+def test_report_of_a_folder_of_runs_is_an_index(tmp_path):
+    synthetic_run(str(tmp_path / "root" / "a"), steps=6, only_losses=True)
+    synthetic_run(str(tmp_path / "root" / "b" / "c"), steps=8, nan_at=5, only_losses=True)
+    out = subprocess.run([sys.executable, "-m", "tripwire", "report", str(tmp_path / "root")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    index = (tmp_path / "root" / "index.html").read_text()
+    assert 'href="a/report.html"' in index and 'href="b/c/report.html"' in index
+    assert index.count("data:image/png;base64,") == 1 and "stopped" in index
+    assert (tmp_path / "root" / "b" / "c" / "report.html").exists()
+    missing = subprocess.run([sys.executable, "-m", "tripwire", "report", str(tmp_path / "nothing")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no tripwire run" in missing.stderr
+
+
+# -- a faulty Lightning run in headless Chromium ------------------------------------------------------------------
+def faulty_module():
+    """lr=50 blows the MLP up within a few steps; training_step also hands back its logits as predictions."""
+    import torch
+
+    module = helpers.mlp_module(lr=50.0, hidden=(32, 32))
+
+    def training_step(batch, batch_idx):
+        x, y = batch
+        logits = module.net(x)
+        return {"loss": torch.nn.functional.cross_entropy(logits, y), "predictions": logits.detach()}
+
+    module.training_step = training_step
+    return module
+
+
+def test_faulty_lightning_run_report_renders_in_chromium(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed: `apt-get install chromium` (.ci/run installs it)")
+    pytest.importorskip("aiohttp", reason="the DevTools client needs aiohttp (installed with s3fs)")
+    from tripwire.plugins.lightning import TripwireCallback
+
+    config = {**FULL, "sampling": {"every": 2}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(cb, faulty_module(), max_epochs=2)
+    verdict = next(v for v in cb.verdicts if v.fired)
+    assert verdict.rule == "exploding_tensor"
+    report = tmp_path / "run" / "report.html"
+
+    artifacts = os.environ.get("TRIPWIRE_TEST_ARTIFACTS", str(tmp_path))
+    screenshot = os.path.join(artifacts, "report.png")
+    page = asyncio.run(render(report, screenshot, tmp_path / "chromium"))
+    assert page["errors"] == []
+    assert "exploding_tensor" in page["text"] and verdict.message in page["text"]
+    assert "lower the learning rate" in page["text"]  # the hint
+    assert page["images"] >= 10 and page["broken"] == 0
+    for heading in ("Summary", "Verdicts", "Loss and metrics", "Layers over steps",
+                    "Weight and gradient distributions", "Classification"):
+        assert heading in page["headings"]
+    with open(screenshot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+async def render(path, screenshot, profile) -> dict:
+    """Load a file in headless Chromium through the DevTools protocol: console errors, text, images, a
+    full-page screenshot."""
+    import aiohttp
+
+    profile.mkdir()
+    proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                             "--disable-sync", f"--user-data-dir={profile}", "--remote-debugging-port=0",
+                             "--window-size=1200,900", "about:blank"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline and proc.poll() is None, "chromium did not start"
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
+                target = next(t for t in await response.json() if t["type"] == "page")
+            async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                return await _drive(ws, path, screenshot)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def _drive(ws, path, screenshot) -> dict:
+    ids, errors = iter(range(1, 10**6)), []
+
+    async def call(method, **params):
+        i = next(ids)
+        await ws.send_json({"id": i, "method": method, "params": params})
+        while True:
+            message = json.loads((await ws.receive()).data)
+            note(message)
+            if message.get("id") == i:
+                assert "error" not in message, message
+                return message["result"]
+
+    def note(message):
+        event, params = message.get("method"), message.get("params", {})
+        if event == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+            errors.append(params["args"])
+        elif event == "Runtime.exceptionThrown":
+            errors.append(params["exceptionDetails"])
+        elif event == "Log.entryAdded" and params["entry"]["level"] == "error":
+            errors.append(params["entry"])
+        elif event == "Page.loadEventFired":
+            loaded.set()
+
+    loaded = asyncio.Event()
+    for domain in ("Page", "Runtime", "Log"):
+        await call(f"{domain}.enable")
+    await call("Page.navigate", url=f"file://{path}")
+    deadline = time.monotonic() + 30
+    while not loaded.is_set():
+        assert time.monotonic() < deadline, "the page did not load"
+        note(json.loads((await asyncio.wait_for(ws.receive(), 30)).data))
+    probe = ("JSON.stringify({text: document.body.innerText, images: document.images.length,"
+             " broken: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).length,"
+             " headings: [...document.querySelectorAll('h2')].map(h => h.textContent)})")
+    result = json.loads((await call("Runtime.evaluate", expression=probe, returnByValue=True))["result"]["value"])
+    size = (await call("Page.getLayoutMetrics"))["cssContentSize"]
+    shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                      clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1})
+    with open(screenshot, "wb") as f:
+        f.write(base64.b64decode(shot["data"]))
+    return {**result, "errors": errors}

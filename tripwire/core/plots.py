@@ -1,0 +1,248 @@
+"""The report's figures, drawn with matplotlib and returned as inline PNG `<img>` tags.
+
+Figures are made with `matplotlib.figure.Figure` and its Agg canvas, never
+through pyplot: no global backend is switched (the training process may use
+one of its own) and reports can be drawn from a background thread. This
+module imports matplotlib, so import it only when a report is made.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+WIDTH = 10.0  # inches; 100 dpi: 1000 px wide
+DPI = 100
+NONFINITE = "#e0119d"  # magenta: NaN or Inf in heatmaps
+MAX_LEGEND = 12
+
+
+def figure(height: float, width: float = WIDTH, layout: str | None = "constrained") -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _grid(fig: Figure, nrows: int, ncols: int, top_in: float = 0.5, bottom_in: float = 0.35):
+    """Axes of a grid of small plots, placed by hand: constrained layout would take longer than the drawing."""
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.05, right=0.99, top=1 - top_in / height, bottom=bottom_in / height,
+                        wspace=0.18, hspace=0.6)
+    return fig.subplots(nrows, ncols, squeeze=False).ravel()
+
+
+def img(fig: Figure, alt: str) -> str:
+    """The figure as an <img> with the PNG inline (no file, no network)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img class="plot" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(values), values, np.nan)
+
+
+def _wide_positive(values) -> bool:
+    """Whether a log axis shows these values better: all positive and spanning more than two decades."""
+    v = np.concatenate([np.asarray(x, dtype=np.float64)[np.isfinite(x)] for x in values] or [np.empty(0)])
+    return v.size > 1 and v.min() > 0 and v.max() / v.min() > 100
+
+
+def curves(panels: list, marks: list = (), ncols: int = 2) -> Figure:
+    """Small multiples of line plots. panels: [(title, [(label, steps, values)])]; marks: [(step, label)] drawn as
+    vertical lines on every panel. A series' first non-finite value is marked with a red x on the top edge."""
+    ncols = min(ncols, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = figure(2.0 + 2.6 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, (title, lines) in zip(axes, panels):
+        broken = False
+        for label, steps, values in lines:
+            values = np.asarray(values, dtype=np.float64)
+            ax.plot(steps, _finite(values), label=label, marker="." if len(steps) < 30 else None)
+            bad = np.flatnonzero(~np.isfinite(values))
+            if bad.size:
+                broken = True
+                ax.plot([steps[bad[0]]], [1.0], "x", color="red", markersize=10, transform=ax.get_xaxis_transform(),
+                        clip_on=False, label=f"{label}: not finite from step {steps[bad[0]]}")
+        if _wide_positive([v for _, _, v in lines]):
+            ax.set_yscale("log")
+        for step, label in marks:
+            ax.axvline(step, color="0.4", linestyle=":", linewidth=1)
+            ax.annotate(label, (step, 0.02), xycoords=("data", "axes fraction"), rotation=90, va="bottom",
+                        ha="right", fontsize=7, color="0.3")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if (len(lines) > 1 or broken) and len(lines) <= MAX_LEGEND:
+            ax.legend(fontsize=7)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    return fig
+
+
+def heatmap(title: str, layers: list, steps: np.ndarray, matrix: np.ndarray, captured: np.ndarray, label: str,
+            log: bool) -> Figure:
+    """Layers (rows) over steps (columns). Cells not captured stay blank; captured NaN/Inf cells are magenta."""
+    fig = figure(1.6 + 0.22 * len(layers))
+    ax = fig.subplots()
+    nonfinite = captured & ~np.isfinite(matrix)
+    shown = np.where(captured & np.isfinite(matrix), matrix, np.nan)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shown = np.where(shown > 0, np.log10(shown), np.nan)
+    x, y = _edges(steps), np.arange(len(layers) + 1)
+    mesh = ax.pcolormesh(x, y, np.ma.masked_invalid(shown), cmap="viridis")
+    if nonfinite.any():
+        ax.pcolormesh(x, y, np.ma.masked_where(~nonfinite, np.ones(matrix.shape)), cmap=ListedColormap([NONFINITE]))
+        title += "  (magenta: NaN or Inf)"
+    fig.colorbar(mesh, ax=ax, label=f"log10 {label}" if log else label, pad=0.01)
+    ax.set_yticks(np.arange(len(layers)) + 0.5, layers, fontsize=7 if len(layers) > 12 else 8)
+    ax.set_ylim(len(layers), 0)
+    ax.set_xlabel("step")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _edges(steps: np.ndarray) -> np.ndarray:
+    """Cell edges halfway between sampled steps, so irregular sampling keeps a true step axis."""
+    steps = np.asarray(steps, dtype=np.float64)
+    if steps.size == 1:
+        return np.array([steps[0] - 0.5, steps[0] + 0.5])
+    mid = (steps[1:] + steps[:-1]) / 2
+    return np.r_[steps[0] - (mid[0] - steps[0]), mid, steps[-1] + (steps[-1] - mid[-1])]
+
+
+def histograms(title: str, cells: list, ncols: int) -> Figure:
+    """A grid of histograms. cells: [(subtitle, values) or None for a blank], row by row; non-finite values are
+    counted, not drawn."""
+    nrows = math.ceil(len(cells) / ncols)
+    fig = figure(0.9 + 1.9 * nrows, layout=None)
+    axes = _grid(fig, nrows, ncols)
+    for ax, cell in zip(axes, cells):
+        if cell is None:
+            ax.set_visible(False)
+            continue
+        subtitle, values = cell
+        values = np.asarray(values, dtype=np.float64).ravel()
+        finite = values[np.isfinite(values)]
+        bad = values.size - finite.size
+        if finite.size:
+            counts, edges = np.histogram(finite, bins=40)
+            ax.stairs(counts, edges, fill=True, color="C0")
+        else:
+            ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes, color="red")
+        ax.set_title(subtitle + (f"\n{bad} of {values.size} NaN/Inf" if bad else ""), fontsize=8,
+                     color="red" if bad else "black")
+        ax.set_yticks([])  # counts matter less than the shape; fewer labels also draw much faster
+        ax.locator_params(axis="x", nbins=5)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(cells):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def bands(title: str, layers: list, ncols: int = 2) -> Figure:
+    """Per layer over steps: min..max (light), mean ± std (darker), mean (line). layers: [(name, steps, {reduction:
+    values})] with any of min, max, mean, std."""
+    nrows = math.ceil(len(layers) / ncols)
+    fig = figure(0.9 + 1.8 * nrows, layout=None)
+    axes = _grid(fig, nrows, ncols)
+    for ax, (name, steps, r) in zip(axes, layers):
+        get = {k: _finite(np.asarray(v, dtype=np.float64)) for k, v in r.items()}
+        if "min" in get and "max" in get:
+            ax.fill_between(steps, get["min"], get["max"], color="C0", alpha=0.2, label="min..max")
+        if "mean" in get and "std" in get:
+            ax.fill_between(steps, get["mean"] - get["std"], get["mean"] + get["std"], color="C0", alpha=0.45,
+                            label="mean ± std")
+        if "mean" in get:
+            ax.plot(steps, get["mean"], color="C0", label="mean")
+        spread = np.concatenate([np.abs(v[np.isfinite(v)]) for v in get.values()] or [np.empty(0)])
+        if spread.size and spread.max() > 1e3 * max(np.median(spread), 1e-12):  # values blew up: keep both ends
+            ax.set_yscale("asinh", linear_width=max(float(np.median(spread)), 1e-12))
+        ax.set_title(name, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    if layers:
+        axes[0].legend(fontsize=7)
+    for ax in axes[len(layers):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def roc_pr(roc: list, pr: list, positive_rate: float | None) -> Figure:
+    """ROC and precision-recall side by side. roc: [(label, fpr, tpr)]; pr: [(label, recall, precision)]."""
+    fig = figure(4.2)
+    left, right = fig.subplots(1, 2)
+    for label, fpr, tpr in roc:
+        left.plot(fpr, tpr, label=label, drawstyle="default")
+    left.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1)
+    left.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC", xlim=(0, 1), ylim=(0, 1.02))
+    for label, recall, precision in pr:
+        right.plot(recall, precision, label=label, drawstyle="steps-post")
+    if positive_rate is not None:
+        right.axhline(positive_rate, color="0.6", linestyle="--", linewidth=1)
+    right.set(xlabel="recall", ylabel="precision", title="precision-recall", xlim=(0, 1), ylim=(0, 1.02))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right" if ax is left else "lower left")
+    return fig
+
+
+def score_distributions(panels: list) -> Figure:
+    """Per class, the score among that class's samples against the score among the others.
+    panels: [(class label, scores of the class's samples, scores of the others)]. One class (binary scores):
+    two histograms; more: a pair of box plots per class."""
+    fig = figure(3.2 if len(panels) == 1 else 3.6)
+    ax = fig.subplots()
+    if len(panels) == 1:
+        _, inside, outside = panels[0]
+        bins = np.linspace(0.0, 1.0, 41)
+        for values, color, label in ((outside, "C1", "negative samples"), (inside, "C0", "positive samples")):
+            counts, _ = np.histogram(values, bins=bins)
+            ax.stairs(counts / max(len(values), 1), bins, fill=True, alpha=0.55, color=color, label=label)
+        ax.set(xlabel="predicted probability of the positive class", ylabel="share of samples")
+        ax.legend(fontsize=8)
+    else:
+        at = np.arange(len(panels)) * 3.0
+        for offset, column, color, label in ((0.0, 1, "C0", "samples of the class"), (1.0, 2, "C1", "other samples")):
+            parts = ax.boxplot([p[column] for p in panels], positions=at + offset, widths=0.8, patch_artist=True,
+                               showfliers=False, medianprops={"color": "black"})
+            for box in parts["boxes"]:
+                box.set(facecolor=color, alpha=0.6)
+            ax.plot([], [], color=color, linewidth=8, alpha=0.6, label=label)
+        ax.set_xticks(at + 0.5, [p[0] for p in panels], fontsize=8)
+        ax.set(xlabel="class", ylabel="predicted probability of the class", ylim=(-0.02, 1.02))
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("score distribution per class", fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def confusion(matrix: np.ndarray, classes: list) -> Figure:
+    """Counts of true (rows) against predicted (columns) classes."""
+    size = min(2.5 + 0.45 * len(classes), 8.0)
+    fig = figure(size, width=size + 1.2)
+    ax = fig.subplots()
+    shown = ax.imshow(matrix, cmap="Blues")
+    fig.colorbar(shown, ax=ax, pad=0.01)
+    ticks = np.arange(len(classes))
+    ax.set_xticks(ticks, classes, fontsize=8)
+    ax.set_yticks(ticks, classes, fontsize=8)
+    ax.set(xlabel="predicted", ylabel="true", title="confusion matrix")
+    if len(classes) <= 20:
+        top = matrix.max() or 1
+        for (i, j), count in np.ndenumerate(matrix):
+            ax.text(j, i, str(int(count)), ha="center", va="center", fontsize=7,
+                    color="white" if count > top / 2 else "black")
+    return fig
