@@ -58,12 +58,14 @@ def run_demo(out: str) -> int:
         rows.append((fault, fired, trainer.global_step, planned, saved, callback.run_url))
         print()
 
-    print(f"{'run':10} {'fired':28} {'stopped at':>10} {'saved':>14}  stored at")
+    print(f"{'run':10} {'first verdict':24} {'rules fired':>11} {'steps run':>10} {'saved by stop':>14}  stored at")
     for fault, fired, steps, planned, saved, url in rows:
-        rules = ", ".join(sorted({f'{v.rule}@{v.step}' for v in fired})) or "nothing"
-        stop = f"{steps}/{planned}"
-        print(f"{fault:10} {rules:28} {stop:>10} {f'{saved} steps' if saved else '-':>14}  {url}")
-    print(f"\nLook closer: `tripwire show {rows[1][5]}`, `tripwire check {rows[2][5]}`, `tripwire rules dead_relu`.")
+        first = f"{fired[0].rule}@{fired[0].step}" if fired else "nothing"
+        print(f"{fault:10} {first:24} {len({v.rule for v in fired}):>11} {f'{steps}/{planned}':>10} "
+              f"{f'{saved} steps' if saved else '-':>14}  {url}")
+    print(f"\nEach run has an HTML report: {rows[1][5]}/report.html (open it in a browser).")
+    print(f"Look closer: `tripwire show {rows[1][5]}`, `tripwire check {rows[2][5]}`, `tripwire rules dead_relu`, "
+          f"`tripwire compare {rows[0][5]} {rows[1][5]}`.")
     healthy_clean = not rows[0][1]
     faults_caught = all(r[1] for r in rows[1:])
     return 0 if healthy_clean and faults_caught else 1
