@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
@@ -105,3 +107,11 @@ def cnn_module(lr=0.05, pl=None):
         torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
     return classifier(net, lr=lr, momentum=0.9, pl=pl)
+
+
+def wait_until(condition, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds; fail the test if it does not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not true after {timeout} s: {condition}"
+        time.sleep(0.01)

@@ -64,24 +64,23 @@ def free_port() -> int:
 
 
 class StopServer(pl.Callback):
-    """Stops the S3 server at one step and starts it again a while later."""
+    """Stops the S3 server after a step, once the writer has stored every step so far, and starts it again
+    `down_steps` later, once the writer has failed to store one."""
 
-    def __init__(self, server_factory, stop_at, down_s):
-        self.factory, self.stop_at, self.down_s = server_factory, stop_at, down_s
+    def __init__(self, server_factory, callback, stop_at, down_steps):
+        self.factory, self.callback, self.stop_at, self.down_steps = server_factory, callback, stop_at, down_steps
         self.server = server_factory()
         self.server.start()
-        self.down_since = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step - 1
+        step, writer = trainer.global_step - 1, self.callback._recorder.writer
         if step == self.stop_at:
+            helpers.wait_until(lambda: writer.pending_bytes == 0)
             self.server.stop()
-            self.down_since = time.time()
-        elif self.down_since and time.time() - self.down_since > self.down_s:
+        elif step == self.stop_at + self.down_steps:
+            helpers.wait_until(lambda: writer.lost_steps > 0)
             self.server = self.factory()
             self.server.start()
-            self.down_since = None
-        time.sleep(0.02)
 
 
 def test_s3_server_stopped_mid_run(monkeypatch, caplog):
@@ -92,13 +91,13 @@ def test_s3_server_stopped_mid_run(monkeypatch, caplog):
     options = {"key": "testing", "secret": "testing", "client_kwargs": {
         "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
         "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}}
-    outage = StopServer(lambda: ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False), 30, 3.0)
-    import s3fs
-
-    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket="outage")
     config = {"collections": {"losses": {}}, "sampling": {"every": 1}, "writer": {"flush_every_s": 0.1},
               "storage_options": options}
     callback = TripwireCallback(config, out_dir="s3://outage/run")
+    outage = StopServer(lambda: ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False), callback, 30, 30)
+    import s3fs
+
+    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket="outage")
     trainer = helpers.fit(callback, max_epochs=3, callbacks=[outage])
     outage.server.stop()
     outage.server = outage.factory()
