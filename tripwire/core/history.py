@@ -86,6 +86,9 @@ class History(View):
 
     def _at(self, name, reduction, mode, worker, step):
         ring = self._rings.get((worker, mode, name, reduction))
-        if ring is not None and ring.steps and ring.steps[-1] == step:
-            return float(ring.values[-1])
+        if ring is not None and ring.steps:
+            if ring.steps[-1] == step:
+                return float(ring.values[-1])
+            if step > ring.steps[-1]:  # rules ask for the newest step; most series were not sampled there
+                return None
         return super()._at(name, reduction, mode, worker, step)

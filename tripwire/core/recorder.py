@@ -124,7 +124,7 @@ class Recorder:
         if self._tensorboard is not None:
             self._tensorboard.put(step, mode, values, tensors)
         decision = self.poll()
-        if self.engine is None:
+        if self.engine is None or not self.engine.slots:  # no rules: nothing would read the history
             return decision
         self.history.add(self.worker, mode, step, values, tensors)
         captured = {collection_of(name) for name in values} | {collection_of(name) for name in tensors or ()}

@@ -96,8 +96,11 @@ class View:
         return names
 
     def tensor(self, name: str) -> "Tensor":
-        if not any(n == name for _, _, n in self._catalog):
-            names = {n for _, _, n in self._catalog}
+        key = (self._version, "#all names")  # rules look tensors up by name many times per step
+        names = self._names_cache.get(key)
+        if names is None:
+            names = self._names_cache[key] = frozenset(n for _, _, n in self._catalog)
+        if name not in names:
             raise TensorUnavailable(
                 f"no tensor '{name}' in this run.{did_you_mean(name, names)} It holds {len(names)} tensors in "
                 f"collections {listing(self.collections())}; list them with tensor_names().")
@@ -175,7 +178,8 @@ class Tensor:
         value = None if self.view.upto is not None and step > self.view.upto else \
             self.view._at(self.name, reduction, mode, worker, step)
         if value is None:
-            raise StepUnavailable(self._missing_step(step, self.series(reduction, mode, worker)[0]))
+            raise StepUnavailable(_Deferred(lambda: self._missing_step(step, self.series(reduction, mode,
+                                                                                       worker)[0])))
         return value
 
     def steps(self, mode: str | None = None, worker: int | None = None, tensors: bool = False) -> list[int]:
@@ -206,6 +210,21 @@ class Tensor:
         near = sorted({int(steps[j]) for j in (i - 1, i) if 0 <= j < len(steps)})
         return (f"'{self.name}' has no {what} at step {step}; it has {len(steps)} steps from {int(steps[0])} to "
                 f"{int(steps[-1])}, nearest {', '.join(map(str, near))}.")
+
+
+class _Deferred:
+    """An error message written only when it is read: rules probe steps that a series lacks all the time."""
+
+    __slots__ = ("write",)
+
+    def __init__(self, write):
+        self.write = write
+
+    def __str__(self) -> str:
+        return self.write()
+
+    def __repr__(self) -> str:
+        return repr(self.write())
 
 
 class _Scoped(View):
