@@ -1,1 +1,5 @@
-"""Shared torch capture (used by the Lightning plugin) and the probe for plain PyTorch loops."""
+"""tripwire for PyTorch: `TripwireProbe` for plain training loops, and the torch capture the Lightning plugin shares."""
+
+from .probe import TripwireProbe
+
+__all__ = ["TripwireProbe"]

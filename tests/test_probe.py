@@ -1,0 +1,135 @@
+"""The plain-PyTorch-loop probe on real training loops: capture, NaN stop (flag and exception), checkpoint, eval."""
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+import tripwire
+from tripwire.plugins.torch import TripwireProbe
+
+
+def model_and_data(lr=0.1, seed=0):
+    torch.manual_seed(seed)
+    (x, y), _ = helpers.digits()
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    batches = [(torch.tensor(x[i:i + 32]), torch.tensor(y[i:i + 32], dtype=torch.long))
+               for i in range(0, len(x) - 31, 32)]
+    return net, optimizer, batches
+
+
+def train(probe, net, optimizer, batches, steps, nan_from=None):
+    """A plain loop; stops when the probe says so. Returns the number of optimizer steps taken."""
+    done = 0
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        if nan_from is not None and step >= nan_from:
+            loss = loss * float("nan")
+        loss.backward()
+        optimizer.step()
+        probe.step(loss, labels=y)
+        done += 1
+        if probe.should_stop:
+            break
+    return done
+
+
+CAPTURE = {"sampling": {"every": 5}, "rules": [],
+           "collections": {"weights": {}, "biases": {}, "gradients": {"reductions": ["l2", "mean"]},
+                           "activations": {}, "inputs": {}, "labels": {}, "losses": {},
+                           "updates": {"reductions": ["l2"]}, "optimizer": {}}}
+
+
+def test_captures_a_plain_loop_at_the_sampled_steps(tmp_path):
+    net, optimizer, batches = model_and_data()
+    initial = net[0].weight.detach().clone()
+    first_grad = {}
+    net[0].weight.register_hook(lambda g: first_grad.setdefault("g", g.detach().clone()))
+    with TripwireProbe(net, optimizer, CAPTURE, out_dir=tmp_path / "run") as probe:
+        assert train(probe, net, optimizer, batches, 23) == 23
+    run = tripwire.open_run(probe.run_url)
+    assert run.info["status"] == "finished" and run.info["framework"] == "torch"
+    assert run.steps() == [0, 5, 10, 15, 20]
+    assert {"weights/0.weight", "biases/0.bias", "gradients/0.weight", "activations/0", "activations/1",
+            "inputs/x", "labels", "losses/train", "updates/0.weight", "optimizer/lr"} <= set(run.tensor_names())
+    # weights as they were before the step's update, gradients of that step
+    assert run.tensor("weights/0.weight").reduction(0, "l2") == pytest.approx(float(initial.norm()), rel=1e-5)
+    assert run.tensor("gradients/0.weight").reduction(0, "l2") == pytest.approx(float(first_grad["g"].norm()),
+                                                                                rel=1e-5)
+    update = run.tensor("updates/0.weight").reduction(0, "l2")
+    assert update == pytest.approx(0.1 * float(first_grad["g"].norm()), rel=1e-4)  # SGD: lr x gradient
+    assert run.tensor("optimizer/lr").series()[1].tolist() == [0.1] * 5
+
+
+def test_hooks_run_only_on_sampled_steps_and_are_removed_at_close(tmp_path):
+    net, optimizer, batches = model_and_data()
+    probe = TripwireProbe(net, optimizer, CAPTURE, out_dir=tmp_path / "run")
+    train(probe, net, optimizer, batches, 3)
+    assert all(not m._forward_hooks for m in net.modules())  # activation hooks live for a sampled step only
+    assert net._forward_pre_hooks
+    probe.close()
+    assert not net._forward_pre_hooks and not optimizer._optimizer_step_pre_hooks
+
+
+def test_eval_forward_passes_do_not_begin_a_step(tmp_path):
+    net, optimizer, batches = model_and_data()
+    config = {**CAPTURE, "collections": {**CAPTURE["collections"], "metrics": {}}}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(7):
+            x, y = batches[step]
+            net.eval()
+            with torch.no_grad():
+                net(x)
+            net.train()
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+            probe.log_eval({"val_loss": loss.item()})
+    run = tripwire.open_run(probe.run_url)
+    assert run.steps() == [0, 5] and probe.global_step == 7
+    assert run.steps(mode="eval") == list(range(1, 8))  # eval metrics at the global step after each train step
+    assert run.tensor("metrics/val_loss").series(mode="eval")[0].tolist() == list(range(1, 8))
+
+
+def test_nan_sets_should_stop_at_the_sampled_step_it_appears(tmp_path):
+    net, optimizer, batches = model_and_data()
+    config = {"sampling": {"every": 4}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "checkpoint",
+                                                                                         "stop"]}]}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        done = train(probe, net, optimizer, batches, 100, nan_from=10)
+    assert done == 13 and probe.should_stop  # NaN from step 10; sampled at 12; stopped after it
+    run = tripwire.open_run(probe.run_url)
+    (verdict,) = [v for v in run.verdicts() if v.fired]
+    assert verdict.rule == "exploding_tensor" and verdict.step == 12
+    assert probe.verdicts[0].step == 12 and run.info["status"] == "stopped"
+    (checkpoint,) = (tmp_path / "run" / "checkpoints").iterdir()
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["step"] == 12 and set(state["model"]) == set(net.state_dict())
+
+
+def test_raise_action_ends_training_with_rule_fired(tmp_path):
+    net, optimizer, batches = model_and_data(lr=50.0)
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "exploding_tensor", "actions": ["raise"]}]}
+    with pytest.raises(tripwire.RuleFired) as raised:
+        with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+            train(probe, net, optimizer, batches, 200)
+    run = tripwire.open_run(probe.run_url)
+    verdict = raised.value.verdict
+    assert verdict.rule == "exploding_tensor" and verdict.step == run.steps()[-1] == probe.global_step - 1
+    assert not np.isfinite(run.tensor("losses/train").series()[1][-1])
+    assert run.info["status"] == "stopped"
+
+
+def test_default_config_on_a_healthy_loop_fires_nothing(tmp_path):
+    net, optimizer, batches = model_and_data()
+    with TripwireProbe(net, optimizer, out_dir=tmp_path / "run") as probe:
+        train(probe, net, optimizer, batches, 120)
+    run = tripwire.open_run(probe.run_url)
+    assert not [v for v in run.verdicts() if v.fired] and run.info["status"] == "finished"
+    assert run.tensor("gradients/0.weight").steps()[-1] == 100
+    assert run.steps()[-1] == 110  # the loss every 10 steps

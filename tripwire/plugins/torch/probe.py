@@ -1,0 +1,172 @@
+"""The probe for plain PyTorch training loops: `TripwireProbe(model, optimizer, config, out_dir)`.
+
+A plain loop has no callbacks, so the probe finds the step's phases through
+torch's own hooks and asks the user for one call per iteration:
+
+    with TripwireProbe(model, optimizer, "rules.yaml", out_dir="runs/exp1") as probe:
+        for x, y in data:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+            if probe.should_stop:
+                break
+
+- a forward pre-hook on the model begins the step (`TorchCapture.begin`: on an
+  unsampled step one cached comparison; on a sampled one activation hooks
+  are registered for that step only, and the inputs are taken);
+- an optimizer step pre-hook reads gradients and the parameters as they were
+  before the update (`TorchCapture.before_optimizer_step`), only on sampled steps;
+- `probe.step(loss)` ends the step: the sample goes to the `Recorder`, rules
+  run, and the decision is applied — `stop` sets `probe.should_stop`,
+  `checkpoint` writes the model and optimizer state next to the run, `raise`
+  raises `tripwire.RuleFired`.
+
+The step is the number of `probe.step()` calls before this one: the plain
+loop's global step (optimizer steps). Forward passes in eval mode
+(`model.eval()`) do not begin a step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tripwire.core.config import load_config
+from tripwire.core.errors import RuleFired
+from tripwire.core.recorder import Recorder, make_run_url
+
+from .capture import TorchCapture
+from .reduce import Reductions
+
+log = logging.getLogger("tripwire")
+
+
+class TripwireProbe:
+    """Capture, rules and actions for a plain PyTorch loop. Call `step(loss)` after `optimizer.step()`.
+
+    model: the torch.nn.Module being trained (its `named_parameters()` paths name the tensors).
+    optimizer: a torch.optim.Optimizer, or a list of them.
+    config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config.
+    storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, config=None, out_dir=None,
+                 storage_options: dict | None = None):
+        self.model = model
+        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self.config = load_config(config)
+        self.run_url = make_run_url(self.config, out_dir)
+        self.global_step = 0
+        self.should_stop = False
+        self._recorder = Recorder(self.config, run_url=self.run_url, framework="torch",
+                                  framework_version=f"torch {torch.__version__}", storage_options=storage_options,
+                                  info={"torch_version": torch.__version__, "model": type(model).__name__})
+        self._recorder.start()
+        self._capture = TorchCapture(model, self._recorder.plan)
+        self._begun = False  # a forward pass (or step()) began the current step
+        self._sampled = False
+        self._hooks = [model.register_forward_pre_hook(self._on_forward)]
+        self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
+
+    @property
+    def verdicts(self) -> list:
+        """Verdicts found so far in this process (in-process or picked up from the side process)."""
+        return list(self._recorder.verdicts)
+
+    # -- the loop's calls -------------------------------------------------------------------------------------------
+    def step(self, loss=None, *, labels=None, predictions=None, metrics: dict | None = None) -> None:
+        """End the training step: record what was sampled, run the rules, act. Cheap on unsampled steps."""
+        if not self._begun:
+            self._begin()
+        self._begun = False
+        step = self.global_step
+        self.global_step += 1
+        if not self._sampled:
+            return
+        self._sampled = False
+        if labels is not None:
+            self._capture.take("labels", "", labels)
+        if predictions is not None:
+            self._capture.take("predictions", "", predictions)
+        scalars = {f"metrics/{k}": v for k, v in (metrics or {}).items()}
+        values, tensors = self._capture.end(loss, self.optimizers, scalars)
+        self._act(self._recorder.record(step, "train", values, tensors).merge(self._recorder.poll()))
+
+    def log_eval(self, metrics: dict) -> None:
+        """Record evaluation metrics (e.g. {"val_loss": 0.3}) as `metrics/<name>` in mode eval at this step."""
+        step = self.global_step
+        plan = self._recorder.plan.collections.get("metrics")
+        if not self._recorder.plan.at("eval", step) or plan is None:
+            return
+        reductions = Reductions()
+        for key, value in metrics.items():
+            if plan.selects(key):
+                reductions.add_scalar(f"metrics/{key}", value)
+        values = reductions.to_host()
+        if values:
+            self._act(self._recorder.record(step, "eval", values))
+
+    def save_tensor(self, name: str, tensor) -> None:
+        """Capture a tensor of your own as `custom/<name>` at this step, if the `custom` collection is sampled."""
+        if self._sampled:
+            self._capture.take("custom", name, tensor)
+
+    def close(self, state: str | None = None) -> None:
+        """Remove the hooks, write what is left and close the run (`finished`, or `stopped` after a stop)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._capture.close()
+        self._recorder.finish(state or ("stopped" if self.should_stop else "finished"))
+
+    def __enter__(self) -> "TripwireProbe":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.close("stopped" if isinstance(exc, RuleFired) else "failed")
+
+    # -- hooks ------------------------------------------------------------------------------------------------------
+    def _on_forward(self, module, args) -> None:
+        if self._begun or not module.training:
+            return
+        self._begin()
+        if self._sampled and args and isinstance(args[0], torch.Tensor):
+            self._capture.take("inputs", "x", args[0])
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._sampled:
+            self._capture.before_optimizer_step()
+
+    def _begin(self) -> None:
+        self._begun = True
+        self._sampled = self._capture.begin("train", self.global_step)
+
+    def _act(self, decision) -> None:
+        if decision.checkpoint:
+            self._checkpoint(decision.checkpoint[0])
+        if decision.stop or decision.raise_for is not None:
+            self.should_stop = True
+        decision.raise_if_asked()
+
+    def _checkpoint(self, verdict) -> None:
+        """Model and optimizer state, with torch.save, through fsspec next to the run."""
+        import fsspec
+
+        url = self._recorder.checkpoint_url(verdict, ".pt")
+        state = {"step": verdict.step, "model": self.model.state_dict(),
+                 "optimizers": [o.state_dict() for o in self.optimizers]}
+        try:
+            fs, path = fsspec.core.url_to_fs(url, **self._recorder.storage_options)
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with fs.open(path, "wb") as f:
+                torch.save(state, f)
+            log.warning("tripwire: checkpoint written to %s", url)
+        except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
+            log.warning("tripwire: could not write the checkpoint %s: %s", url, exc)
