@@ -53,6 +53,28 @@ def test_round_trip(url):
     np.testing.assert_array_equal(run.tensor("weights/w").value(25), np.full((2, 3), 25, dtype=np.float32))
 
 
+def test_names_at_a_step_in_a_stored_run_and_in_the_history(url):
+    from tripwire.core.history import History
+
+    history = History()
+    rec = Recorder(CONFIG, run_url=url, framework="test")
+    rec.start()
+    for step in range(6):
+        values = {"losses/train": {"value": 1.0}}
+        tensors = {"weights/w": np.zeros(3, dtype=np.float32)} if step % 3 == 0 else {}
+        if step % 2 == 0:
+            values["weights/w"] = {"mean": 0.0}
+        rec.record(step, "train", values, tensors)
+        history.add(0, "train", step, values, tensors)
+    rec.finish()
+    for view in (tripwire.open_run(url), history):
+        assert view.tensor_names(step=4) == ["losses/train", "weights/w"]  # a reduction at 4
+        assert view.tensor_names(step=3) == ["losses/train", "weights/w"]  # only the full tensor at 3
+        assert view.tensor_names(step=5) == ["losses/train"]
+        assert view.tensor_names("weights", step=1) == [] and view.tensor_names(step=9) == []
+        assert view.at(5).tensor_names(step=5) == ["losses/train"] and view.at(3).tensor_names(step=4) == []
+
+
 def test_errors_say_what_exists(url):
     rec = Recorder(CONFIG, run_url=url, framework="test")
     rec.start()

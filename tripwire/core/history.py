@@ -46,6 +46,7 @@ class History(View):
         self._rings: dict[tuple, _Ring] = {}
         self._row_steps: dict[tuple, _Ring] = {}
         self._tensors: dict[tuple, collections.OrderedDict] = {}
+        self._latest: dict[tuple, tuple[int, set]] = {}  # (worker, mode) -> (newest step, names recorded at it)
 
     def add(self, worker: int, mode: str, step: int, values: dict, tensors: dict | None = None) -> None:
         """Add one sample: {name: {reduction: float}} and {name: array}."""
@@ -53,6 +54,11 @@ class History(View):
         if rows is None:
             rows = self._row_steps[(worker, mode)] = _Ring(self.capacity)
         rows.add(step, 0.0)
+        latest = self._latest.get((worker, mode))
+        if latest is None or latest[0] != step:
+            latest = self._latest[(worker, mode)] = (step, set())
+        latest[1].update(values)
+        latest[1].update(tensors or ())
         for name, reductions in values.items():
             for reduction, value in reductions.items():
                 ring = self._rings.get((worker, mode, name, reduction))
@@ -83,6 +89,13 @@ class History(View):
 
     def _value(self, name, step, mode, worker):
         return self._tensors[(worker, mode, name)][step]
+
+    def _names_at(self, step, mode, worker):
+        """Rules ask for the newest step: its names are known without looking at any series."""
+        latest = [self._latest.get((w, mode)) for w in ([worker] if worker is not None else self.workers())]
+        if all(entry is not None and entry[0] == step for entry in latest):
+            return set().union(*(entry[1] for entry in latest))
+        return None
 
     def _at(self, name, reduction, mode, worker, step):
         ring = self._rings.get((worker, mode, name, reduction))

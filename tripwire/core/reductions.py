@@ -76,15 +76,26 @@ class _Parts:
         return self._abs
 
     def var(self) -> float:
+        """From the sum of squares where the mean is small beside the spread (then E[x²] - mean² is as exact
+        as the sum of squares itself, and costs no pass); else from the deviations, a second pass."""
         if self._var is None:
-            d = self.x - self.x.dtype.type(self.sum() / self.n)
-            self._var = float(np.dot(d, d)) / self.n
+            mean, second = self.sum() / self.n, self.sumsq() / self.n
+            if mean * mean <= 0.1 * second:
+                self._var = max(second - mean * mean, 0.0)
+            else:
+                d = self.x - self.x.dtype.type(mean)
+                self._var = float(np.dot(d, d)) / self.n
         return self._var
 
     def percentiles(self) -> tuple[float, float]:
-        """p5 and p95 from one partition of the data (each alone costs nearly as much as both)."""
+        """p5 and p95 (numpy's linear interpolation) from one sort of the data: numpy's vectorised sort is
+        several times faster than the partition np.percentile does."""
         if self._percentiles is None:
-            self._percentiles = tuple(float(v) for v in np.percentile(self.x, (5, 95)))
+            y = np.sort(self.x)
+            if np.isnan(y[-1]):  # NaNs sort last; np.percentile gives NaN then
+                self._percentiles = (math.nan, math.nan)
+            else:
+                self._percentiles = tuple(_interpolated(y, q) for q in (0.05, 0.95))
         return self._percentiles
 
     def nonfinite(self) -> float:
@@ -116,6 +127,14 @@ class _Parts:
             return float(np.mean(hit))
         share = hit.reshape(hit.shape[0], -1).mean(axis=0)
         return float(np.mean(share >= 1.0 - ACTIVE_SHARE))
+
+
+def _interpolated(y: np.ndarray, q: float) -> float:
+    """The q-quantile of sorted `y`, interpolated linearly between the two nearest ranks as numpy does."""
+    position = (y.size - 1) * q
+    low = int(position)
+    a, b = float(y[low]), float(y[min(low + 1, y.size - 1)])
+    return a + (b - a) * (position - low) if b != a else a
 
 
 _COMPUTE = {

@@ -75,12 +75,17 @@ class View:
         return merged.tolist()
 
     def tensor_names(self, collection: str | None = None, regex: str | None = None, *,
-                     mode: str | None = None, worker: int | None = None) -> list[str]:
+                     mode: str | None = None, worker: int | None = None, step: int | None = None) -> list[str]:
         """Tensor names in the order the run first captured them (the model's order for parameters and
-        activations), optionally of one collection, matching a regex (re.search), in a mode, of a worker."""
+        activations), optionally of one collection, matching a regex (re.search), in a mode, of a worker,
+        with data (a reduction or the full tensor) at one step."""
         if self.upto is not None:  # a scoped view lists its own mode and worker unless told otherwise
             mode = mode or self.default_mode
             worker = self.default_worker if worker is None else worker
+        if step is not None:
+            at_step = self._names_at(step, mode or self.default_mode, worker)
+            return [n for n in self.tensor_names(collection, regex, mode=mode, worker=worker)
+                    if (n in at_step if at_step is not None else self._holds(n, step, mode, worker))]
         key = (self._version, collection, regex, mode, worker)
         cached = self._names_cache.get(key)
         if cached is not None:
@@ -110,7 +115,23 @@ class View:
         """This view as of `step` (nothing later is visible), with mode and worker as the defaults."""
         return _Scoped(self, step, mode, worker)
 
-    # -- helpers for Tensor ----------------------------------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def _names_at(self, step: int, mode: str, worker: int | None):
+        """The set of names with data at this step, where a subclass knows it at once; None otherwise."""
+        return None
+
+    def _holds(self, name: str, step: int, mode: str | None, worker: int | None) -> bool:
+        if self.upto is not None and step > self.upto:
+            return False
+        mode = mode or self.default_mode
+        for w in ([worker] if worker is not None else self.workers()):
+            entry = self._catalog.get((w, mode, name), ())
+            if any(self._at(name, r, mode, w, step) is not None for r in entry if r != self.TENSOR):
+                return True
+            if self.TENSOR in entry and step in self._tensor_steps(name, mode, w):
+                return True
+        return False
+
     def _scope_workers(self) -> list[int]:
         return [self.default_worker] if self.default_worker is not None else self.workers()
 
@@ -256,6 +277,9 @@ class _Scoped(View):
 
     def _at(self, *args):
         return self._base._at(*args)
+
+    def _names_at(self, step, mode, worker):
+        return self._base._names_at(step, mode, worker) if step <= self.upto else set()
 
     def verdicts(self) -> list:
         return [v for v in getattr(self._base, "verdicts", lambda: [])() if v.step <= self.upto]

@@ -81,7 +81,7 @@ def values_at(run, step: int, reduction: str, collections=(), regex: str = "") -
     skipping tensors that lack the reduction or the step."""
     pattern = re.compile(regex) if regex else None
     out = {}
-    for name in run.tensor_names():
+    for name in run.tensor_names(step=step):
         if collections and name.split("/", 1)[0] not in collections or (pattern and not pattern.search(name)):
             continue
         tensor = run.tensor(name)

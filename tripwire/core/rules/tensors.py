@@ -35,7 +35,7 @@ class ExplodingTensor(Rule):
     def check(self, run, step):
         pattern = re.compile(self.regex) if self.regex else None
         bad = {}
-        for name in run.tensor_names():
+        for name in run.tensor_names(step=step):
             if (self.collections and collection_of(name) not in self.collections) or (
                     pattern and not pattern.search(name)):
                 continue

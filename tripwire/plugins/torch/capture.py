@@ -56,6 +56,8 @@ class TorchCapture:
         if not self.active or self.mode != "train" or self._params_taken:
             return
         self._params_taken = True
+        if not any(c in self.active for c in PARAM_COLLECTIONS):  # e.g. a step that samples only the loss
+            return
         if self._owners is None:  # which kind of module holds each parameter (e.g. Embedding, Linear)
             self._owners = {f"{prefix}.{name}".lstrip("."): type(module).__name__
                             for prefix, module in self.module.named_modules()
