@@ -1,0 +1,238 @@
+"""The Keras plugin on real Keras training, on whichever backend KERAS_BACKEND names.
+
+test_keras.py runs these in-process on TensorFlow and in subprocesses on torch
+and JAX (`KERAS_BACKEND=torch python -m pytest tests/keras_cases.py`).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import helpers
+import tripwire
+from keras_models import first_nonfinite_step, fired, fit, mlp
+from tripwire.plugins.keras import TripwireCallback, wrap_optimizer
+from tripwire.plugins.keras import capture as capture_module
+
+
+def test_nan_stops_training_at_the_sampled_step_it_appears(tmp_path):
+    config = {"sampling": {"every": 3}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}],
+              "collections": {"weights": {}, "gradients": {}}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "nan")
+    model = fit(cb, mlp(lr=50.0), epochs=3)
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    run = tripwire.open_run(cb.run_url)
+    assert verdict.step == first_nonfinite_step(run)
+    assert verdict.step % 3 == 0 and int(model.optimizer.iterations) == verdict.step + 1
+    assert run.steps()[-1] == verdict.step and run.info["status"] == "stopped"
+    assert cb.verdicts and cb.verdicts[0].step == verdict.step
+    assert verdict.hint and "learning rate" in verdict.hint
+
+
+def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
+    cb = TripwireCallback(None, out_dir=tmp_path / "healthy")
+    model = fit(cb, epochs=3)
+    run = tripwire.open_run(cb.run_url)
+    assert int(model.optimizer.iterations) == 3 * 43 and not run.verdicts()
+    # losses every 10; poor_weight_initialization adds the first 10 steps of weights and gradients
+    assert run.info["status"] == "finished" and run.steps() == sorted({*range(10), *range(0, 129, 10)})
+    assert run.info["framework"] == "keras" and run.info["keras_backend"] == keras.backend.backend()
+    kernel = model.layers[0].kernel.path
+    assert run.tensor(f"gradients/{kernel}").steps() == [*range(10), 100]
+    assert {"losses/train", f"gradients/{kernel}", f"activations/{model.layers[0].path}"} <= set(run.tensor_names())
+    assert run.tensor_names(collection="activations") == [f"activations/{model.layers[0].path}"]  # Dense/relu only
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["deep_sigmoid", "relu"])
+def test_vanishing_gradient(tmp_path, faulty):
+    model = mlp(hidden=(32,) * 10, activation="sigmoid") if faulty else mlp()
+    cb = TripwireCallback({"rules": ["vanishing_gradient"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1)
+    assert ("vanishing_gradient" in fired(cb.run_url)) == faulty
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["negative_bias", "healthy"])
+def test_dead_relu(tmp_path, faulty):
+    model = mlp(hidden=(32, 32), first_bias=-20.0 if faulty else None)
+    cb = TripwireCallback({"rules": ["dead_relu"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("dead_relu" in verdicts) == faulty
+    if faulty:
+        assert verdicts["dead_relu"].step == 0 and f"activations/{model.layers[0].path}" in verdicts["dead_relu"].message
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
+def test_loss_not_decreasing(tmp_path, faulty):
+    cb = TripwireCallback({"rules": ["loss_not_decreasing"], "sampling": {"every": 2}}, out_dir=tmp_path / "run")
+    fit(cb, mlp(lr=0.0) if faulty else mlp(lr=0.003, optimizer="adam"), epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("loss_not_decreasing" in verdicts) == faulty
+    if faulty:  # from the first step with two windows of 5 samples; the batch loss is noisy, lr 0 or not
+        assert verdicts["loss_not_decreasing"].step >= 18
+    losses = tripwire.open_run(cb.run_url).tensor("losses/train").series()[1]
+    assert len(set(losses.tolist())) == len(losses)  # the step's loss, not Keras' running mean
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["tiny_train_set", "healthy"])
+def test_overfit(tmp_path, faulty):
+    cb = TripwireCallback({"rules": [{"rule": "overfit", "actions": ["log", "stop"]}], "sampling": {"every": 1}},
+                          out_dir=tmp_path / "run")
+    if faulty:
+        model = fit(cb, mlp(hidden=(256,), optimizer="adam", lr=0.01), epochs=30, n_train=40, batch_size=8)
+    else:
+        model = fit(cb, epochs=1)
+    verdicts = fired(cb.run_url)
+    assert ("overfit" in verdicts) == faulty
+    run = tripwire.open_run(cb.run_url)
+    if faulty:  # stopped at the end of the epoch whose validation fired it
+        step = verdicts["overfit"].step
+        assert verdicts["overfit"].mode == "eval" and step % 5 == 0 and int(model.optimizer.iterations) == step
+        assert run.steps(mode="eval")[-1] == step and run.info["status"] == "stopped"
+    else:  # it was evaluated: the validation loss is there
+        assert run.steps(mode="eval") == [43] and run.tensor("metrics/val_loss").steps(mode="eval") == [43]
+
+
+def test_rule_without_its_data_says_no_data(tmp_path):
+    cb = TripwireCallback({"rules": ["overfit"]}, out_dir=tmp_path / "run")
+    fit(cb, epochs=1, validation=False)
+    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
+    assert verdict.status == "no_data" and verdict.rule == "overfit" and "metrics" in verdict.message
+
+
+def test_unsampled_steps_run_keras_own_train_function(tmp_path, monkeypatch):
+    emitted = []
+    emit = capture_module.StepCapture.emit
+    monkeypatch.setattr(capture_module.StepCapture, "emit",
+                        lambda self, collection, *a, **k: emitted.append(collection) or emit(self, collection, *a, **k))
+    seen = {}
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.keras_own = self.model.train_function
+
+        def on_train_batch_begin(self, batch, logs=None):
+            seen[batch] = self.model.train_function is self.keras_own
+
+    config = {"collections": {"gradients": {"every": 4}, "losses": {"every": 4}}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model = fit(cb, epochs=1, callbacks=[Spy()])
+    assert [b for b, own in seen.items() if not own] == list(range(0, 43, 4))  # the capture function: sampled only
+    gradients = emitted.count("gradients")
+    if keras.backend.backend() == "torch":  # eager: the reduction branch runs once per sampled step and parameter
+        assert gradients == 11 * 4
+    else:  # compiled: the hooks run while the capture function is traced, never on unsampled steps
+        assert 4 <= gradients <= 2 * 4
+    assert tripwire.open_run(cb.run_url).tensor(f"gradients/{model.layers[0].kernel.path}").steps() == \
+        list(range(0, 43, 4))
+
+
+def test_full_tensors_are_the_parameters_before_the_update(tmp_path):
+    config = {"collections": {"weights": {"save": "tensors"}, "updates": {"save": "tensors"}}, "sampling": {"every": 5}}
+    model = mlp()
+    kernel = model.layers[0].kernel
+    initial = keras.ops.convert_to_numpy(kernel).copy()
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False, steps_per_epoch=1)
+    run = tripwire.open_run(cb.run_url)
+    after = keras.ops.convert_to_numpy(kernel)
+    np.testing.assert_array_equal(run.tensor(f"weights/{kernel.path}").value(0), initial)
+    np.testing.assert_allclose(run.tensor(f"updates/{kernel.path}").value(0), after - initial, atol=1e-6)
+    assert run.tensor(f"weights/{kernel.path}").reduction(0, "max") == pytest.approx(float(initial.max()))
+
+
+def test_checkpoint_action_writes_a_keras_file(tmp_path):
+    config = {"sampling": {"every": 2}, "rules": [{"rule": "exploding_tensor", "actions": ["checkpoint", "stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model = fit(cb, mlp(lr=50.0), epochs=2)
+    step = fired(cb.run_url)["exploding_tensor"].step
+    restored = keras.saving.load_model(tmp_path / "run" / "checkpoints" / f"step{step}.keras")
+    assert int(restored.optimizer.iterations) == step + 1
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(restored.layers[0].kernel),
+                                  keras.ops.convert_to_numpy(model.layers[0].kernel))
+
+
+def test_raise_action_closes_the_run_and_raises(tmp_path):
+    config = {"sampling": {"every": 2}, "rules": [{"rule": "exploding_tensor", "actions": ["raise"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model = mlp(lr=50.0)
+    with pytest.raises(tripwire.RuleFired):
+        fit(cb, model, epochs=2)
+    run = tripwire.open_run(cb.run_url)
+    assert run.info["status"] == "stopped" and run.verdicts()[0].rule == "exploding_tensor"
+    assert not isinstance(getattr(model.train_function, "__self__", None), capture_module.StepCapture)
+
+
+def test_fitting_again_appends_to_the_same_run(tmp_path):
+    cb = TripwireCallback({"collections": {"losses": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    model = fit(cb, epochs=1, validation=False)
+    fit(cb, model, epochs=1, validation=False)
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == list(range(0, 86, 10)) and run.info["status"] == "finished"
+
+
+def test_evaluate_after_fit_appends_its_metrics_to_the_run(tmp_path):
+    cb = TripwireCallback({"collections": {"metrics": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    model = fit(cb, epochs=1)
+    _, (xv, yv) = helpers.digits()
+    loss = model.evaluate(xv, yv, batch_size=256, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps(mode="eval") == [43] and run.info["status"] == "finished"
+    assert run.tensor("metrics/loss").reduction(43, mode="eval") == pytest.approx(loss, rel=1e-5)
+    # the same weights and data as the validation that ended fit
+    assert run.tensor("metrics/val_loss").reduction(43, mode="eval") == pytest.approx(loss, rel=1e-4)
+
+
+def test_a_learning_rate_schedule_is_read_at_the_step(tmp_path):
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = TripwireCallback({"collections": {"optimizer": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False)
+    run = tripwire.open_run(cb.run_url)
+    steps, lrs = run.tensor("optimizer/lr").series()
+    np.testing.assert_allclose(lrs, 0.1 * 0.5 ** (steps / 10), rtol=1e-5)
+    assert run.tensor("optimizer/momentum").series()[1].tolist() == [0.9] * 5
+
+
+def test_device_reductions_follow_the_core_definitions():
+    from tripwire.core.reductions import REDUCTIONS, reduce
+    from tripwire.plugins.keras.reduce import reduce_ops
+
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(16, 8)).astype("float32"), np.maximum(rng.normal(size=(4, 3, 5)), 0).astype("float32"),
+             np.array([1.0, -2.0, 0.0, np.nan, np.inf], dtype="float32"), rng.normal(size=7)]
+    saturated = np.tanh(rng.normal(scale=8, size=(200, 6))).astype("float32")
+    for x, kind in [*((x, "") for x in cases), (saturated, "Dense/tanh"), (cases[0], "in_out"), (cases[0], "Embedding")]:
+        names = REDUCTIONS if np.isfinite(x).all() else [r for r in REDUCTIONS if r not in ("p5", "p95")]
+        got = keras.ops.convert_to_numpy(reduce_ops(x, names, kind)).astype(float)
+        want = np.array([reduce(x, names, kind)[r] for r in names])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{kind}: {names}")
+
+
+def test_training_on_an_accelerator_reduces_in_the_step(tmp_path, monkeypatch):
+    def run_with(on_device, folder):
+        monkeypatch.setattr(capture_module, "on_accelerator", lambda model: on_device)
+        cb = TripwireCallback({"collections": {"gradients": {}, "activations": {}, "weights": {"save": "tensors"}},
+                               "sampling": {"every": 10}}, out_dir=tmp_path / folder)
+        fit(cb, epochs=1, validation=False)
+        return tripwire.open_run(cb.run_url)
+
+    host, device = run_with(False, "host"), run_with(True, "device")
+    assert host.tensor_names() == device.tensor_names()
+    for name in host.tensor_names():
+        for reduction in host.tensor(name).reductions():
+            np.testing.assert_allclose(device.tensor(name).series(reduction)[1], host.tensor(name).series(reduction)[1],
+                                       rtol=1e-4, atol=1e-6)
+    kernel = next(n for n in host.tensor_names("weights"))
+    np.testing.assert_allclose(device.tensor(kernel).value(10), host.tensor(kernel).value(10), rtol=1e-6)
+
+
+def test_wrap_optimizer_is_idempotent_and_inert():
+    optimizer = keras.optimizers.SGD(0.1)
+    assert wrap_optimizer(optimizer) is optimizer
+    hooks = dict(vars(optimizer))
+    wrap_optimizer(optimizer)
+    assert vars(optimizer)["apply"] is hooks["apply"] and vars(optimizer)["scale_loss"] is hooks["scale_loss"]
+    assert float(optimizer.scale_loss(keras.ops.ones(()))) == 1.0

@@ -1,0 +1,116 @@
+"""The Keras plugin: every case of keras_cases.py on TensorFlow here, and on torch and JAX in subprocesses;
+what only TensorFlow can show; a Keras run and a Lightning run of the same model read the same."""
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import helpers
+import tripwire
+from keras_cases import *  # noqa: F401,F403 - collected here, on the TensorFlow backend (conftest.py)
+from keras_models import fired, fit, mlp
+from tripwire.plugins.keras import TripwireCallback
+
+HERE = Path(__file__).parent
+SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_every_case_on_another_backend(backend):
+    pytest.importorskip(backend)
+    env = {**os.environ, "KERAS_BACKEND": backend, "XLA_FLAGS": SINGLE_THREAD_XLA}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "keras_cases.py")],
+                            env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_keras_and_lightning_runs_read_the_same(tmp_path):
+    from tripwire.plugins.lightning import TripwireCallback as LightningCallback
+
+    config = {"sampling": {"every": 2},
+              "collections": {c: {} for c in ("weights", "biases", "gradients", "updates", "activations", "losses",
+                                              "metrics", "optimizer")},
+              "rules": ["exploding_tensor", "loss_not_decreasing", "overfit"]}
+    lightning = LightningCallback(config, out_dir=tmp_path / "lightning")
+    helpers.fit(lightning, helpers.mlp_module(lr=0.0), max_epochs=1)
+    keras_cb = TripwireCallback(config, out_dir=tmp_path / "keras")
+    fit(keras_cb, mlp(lr=0.0), epochs=1)
+    a, b = tripwire.open_run(lightning.run_url), tripwire.open_run(keras_cb.run_url)
+
+    assert a.collections() == b.collections() and a.modes() == b.modes() == ["eval", "train"]
+    assert a.steps() == b.steps() == list(range(0, 43, 2)) and a.steps(mode="eval") == b.steps(mode="eval") == [43]
+    for collection in a.collections():
+        reductions = {frozenset(run.tensor(n).reductions(mode=m)) for run in (a, b) for m in run.modes()
+                      for n in run.tensor_names(collection, mode=m)}
+        assert len(reductions) == 1, (collection, reductions)  # every tensor of the collection, in both runs
+    for collection, count in (("weights", 2), ("biases", 2), ("gradients", 4), ("updates", 4)):
+        assert len(a.tensor_names(collection)) == len(b.tensor_names(collection)) == count
+    assert [n.split("/", 1)[1] for n in a.tensor_names("optimizer")] == \
+        [n.split("/", 1)[1] for n in b.tensor_names("optimizer")] == ["lr", "momentum", "weight_decay"]
+    assert a.tensor_names("losses") == b.tensor_names("losses") == ["losses/train"]
+    assert a.tensor_names("metrics") == b.tensor_names("metrics") == ["metrics/val_loss"]
+
+    verdicts = [{v.rule: v for v in run.verdicts()} for run in (a, b)]
+    assert verdicts[0].keys() == verdicts[1].keys() >= {"loss_not_decreasing"}
+    for rule in verdicts[0]:
+        x, y = verdicts[0][rule].to_dict(), verdicts[1][rule].to_dict()
+        assert x.keys() == y.keys() and all(x[k] == y[k] for k in ("rule", "mode", "worker", "status", "source", "hint"))
+
+    checks = [subprocess.run([sys.executable, "-m", "tripwire", "check", cb.run_url], capture_output=True, text=True,
+                             timeout=120) for cb in (lightning, keras_cb)]
+    assert [c.returncode for c in checks] == [1, 1]
+    shape = [re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", re.sub(r"(net\.\d\.\w+|sequential/\S+)", "T", c.stdout))
+             for c in checks]
+    assert [line for line in shape[0].splitlines() if "fired at step" in line] == \
+        [line for line in shape[1].splitlines() if "fired at step" in line]
+
+
+def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_path):
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=4)
+    cb = TripwireCallback({"collections": {"gradients": {}, "losses": {}}, "sampling": {"every": 10}},
+                          out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False)
+    run = tripwire.open_run(cb.run_url)
+    # calls run steps 0-3, 4-7, …; each call holding 0, 10, 20, 30 or 40 is sampled, at its last step
+    assert run.steps() == [3, 11, 23, 31, 42]
+    assert run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [3, 11, 23, 31, 42]
+
+
+class ManualStep(keras.Sequential):
+    """A train step that applies gradients itself, past model.optimizer."""
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        for variable, grad in zip(self.trainable_variables, tape.gradient(loss, self.trainable_variables)):
+            variable.assign_sub(0.1 * grad)
+        self.optimizer.iterations.assign_add(1)
+        return {"loss": loss}
+
+
+def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, caplog):
+    keras.utils.set_random_seed(0)
+    model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = TripwireCallback({"rules": ["vanishing_gradient"], "collections": {"losses": {}}, "sampling": {"every": 10}},
+                          out_dir=tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="tripwire"):
+        fit(cb, model, epochs=1, validation=False)
+    assert sum("wrap_optimizer" in r.getMessage() for r in caplog.records) == 1
+    assert sum("scale_loss" in r.getMessage() for r in caplog.records) == 1  # the loss falls back to Keras' logs
+    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
+    assert verdict.rule == "vanishing_gradient" and verdict.status == "no_data" and "gradients" in verdict.message
+    assert not fired(cb.run_url)
+    assert np.isfinite(tripwire.open_run(cb.run_url).tensor("losses/train").series()[1]).all()

@@ -1,0 +1,197 @@
+"""The Keras 3 callback: an adapter from Keras' hooks onto tripwire.core (TensorFlow, torch and JAX backends).
+
+The step is `model.optimizer.iterations`, read into a Python counter when an
+epoch begins, so an unsampled batch costs one addition and one cached
+comparison (`plan.at`). On a sampled batch `on_train_batch_begin` hands the
+step to `StepCapture`, which runs the step through a capture function if it
+needs tensors from inside it (capture.py); `on_train_batch_end` adds the
+metrics Keras logged, records the sample, runs the rules and acts:
+`stop` sets `model.stop_training`, `checkpoint` writes a `.keras` file
+through fsspec, `raise` closes the run and raises. Each epoch's validation
+metrics (`val_*`) are recorded in mode eval at the step the epoch ended.
+
+Under JAX, reading `self.model` in a callback copies the training state back
+into the model; batch hooks therefore use the reference taken when training
+began, and only the checkpoint action asks for that copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import tempfile
+
+import keras
+import numpy as np
+
+from tripwire.core.config import load_config
+from tripwire.core.recorder import Recorder, make_run_url
+
+from .capture import StepCapture, wrap_optimizer
+
+log = logging.getLogger("tripwire")
+
+
+class TripwireCallback(keras.callbacks.Callback):
+    """Capture, rules and actions for `model.fit`.
+
+    config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Fitting again with the
+        same callback appends to the same run, as the global step goes on.
+    storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    """
+
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None):
+        super().__init__()
+        self.config = load_config(config)
+        self.out_dir = out_dir
+        self.storage_options = storage_options
+        self.run_url: str | None = None
+        self._plan = self.config.plan()
+        self._recorder: Recorder | None = None
+        self._capture: StepCapture | None = None
+        self._fit_model = None
+        self._base = 0
+        self._span = 1
+        self._sampled: tuple = ()
+        self._state = "finished"
+        self._verdicts: list = []
+
+    @property
+    def verdicts(self) -> list:
+        """Verdicts found so far in this process (in-process or picked up from the side process)."""
+        return list(self._verdicts)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if self._capture is not None:  # a fit that raised left the capture in place: Keras has no hook for that
+            self._capture.close()
+        self._open(model)
+        if model.optimizer is not None:
+            wrap_optimizer(model.optimizer)
+        self._sampled = ()
+        self._capture = StepCapture(model, self._plan)
+        self._span = int(getattr(model, "steps_per_execution", 1) or 1)
+        self._base = int(model.optimizer.iterations)
+
+    def on_train_end(self, logs=None):
+        self._close(self._state)
+
+    def _open(self, model) -> None:
+        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
+        if self._recorder is None:
+            self.run_url = self.run_url or make_run_url(self.config, self.out_dir)
+            self._recorder = Recorder(self.config, run_url=self.run_url, framework="keras",
+                                      framework_version=f"keras {keras.__version__}",
+                                      storage_options=self.storage_options,
+                                      info={"keras_backend": keras.backend.backend(), "model": model.name})
+            self._recorder.start()
+            self._verdicts = self._recorder.verdicts
+        self._plan = self._recorder.plan
+        self._fit_model, self._state = model, "finished"
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._base = int(self._fit_model.optimizer.iterations)
+
+    # -- training steps -------------------------------------------------------------------------------------------
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self._base + batch
+        collections = self._plan.at("train", step)
+        if self._span > 1:  # one call runs several steps: sample it if any of them is scheduled
+            for later in range(step + 1, step + self._span):
+                collections = collections or self._plan.at("train", later)
+        if collections:
+            self._sampled = collections
+            self._capture.begin(collections)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._sampled:
+            return
+        plans = {c.name: c for c in self._sampled}
+        self._sampled = ()
+        if self._span > 1 and self.params.get("steps"):  # Keras counts a short last call as a full one
+            batch = min(batch, self.params["steps"] - 1)
+        step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
+        values, tensors = self._capture.end()
+        for key, value in (logs or {}).items():
+            if key == "loss" and "losses" in plans and "losses/train" not in values and np.ndim(value) == 0:
+                self._capture.warn_once("loss", "tripwire: the train step did not hand its loss to "
+                                        "model.optimizer.scale_loss(), so losses/train is the loss Keras logs: "
+                                        "the mean over the epoch so far.")
+                values["losses/train"] = {"value": float(value)}
+            elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
+                values[f"metrics/{key}"] = {"value": float(value)}
+        self._decide(self._recorder.record(step, "train", values, tensors), step)
+
+    def save_tensor(self, name: str, tensor) -> None:
+        """Capture a tensor of your own as `custom/<name>` at sampled steps, if the `custom` collection is on.
+
+        Call it from your model's `call` or `train_step`; on compiled backends it takes part only in the
+        capture function, so it costs nothing on unsampled steps."""
+        if self._capture is not None:
+            self._capture.emit("custom", name, tensor)
+
+    # -- evaluation -----------------------------------------------------------------------------------------------
+    def on_epoch_end(self, epoch, logs=None):
+        """Validation inside fit: its metrics under Keras' own `val_` names, in mode eval."""
+        self._record_eval({k: v for k, v in (logs or {}).items() if k.startswith("val_")},
+                          int(self._fit_model.optimizer.iterations))
+
+    def on_test_end(self, logs=None):
+        """`model.evaluate(..., callbacks=[cb])` outside fit: its metrics under the names evaluate returns, in
+        mode eval at the model's current step, appended to this callback's run. (Inside fit, validation is
+        recorded by `on_epoch_end`.)"""
+        if self._recorder is not None:
+            return
+        model = self.model
+        step = int(model.optimizer.iterations) if model.optimizer is not None else 0
+        if not self._plan.at("eval", step):
+            return
+        self._open(model)
+        try:
+            self._record_eval(logs or {}, step)
+        finally:
+            self._close(self._state)
+
+    def _record_eval(self, logs: dict, step: int) -> None:
+        metrics = self._plan.collections.get("metrics")
+        values = {f"metrics/{k}": {"value": float(v)} for k, v in logs.items()
+                  if np.ndim(v) == 0 and metrics is not None and metrics.selects(k)}
+        if values and self._plan.at("eval", step):
+            self._decide(self._recorder.record(step, "eval", values), step)
+
+    # -- decisions ------------------------------------------------------------------------------------------------
+    def _decide(self, decision, step: int) -> None:
+        decision = decision.merge(self._recorder.poll()) if decision else self._recorder.poll()
+        if decision.checkpoint:
+            self._checkpoint(step)
+        if decision.stop or decision.raise_for:
+            self._fit_model.stop_training = True
+            self._state = "stopped"
+        if decision.raise_for is not None:
+            self._close("stopped")  # no Keras hook runs after an exception: close the run before raising
+            decision.raise_if_asked()
+
+    def _checkpoint(self, step: int) -> None:
+        """The model as a `.keras` file at `<run>/checkpoints/step<N>.keras`, written whole through fsspec."""
+        model = self._fit_model
+        if hasattr(model, "jax_state_sync"):
+            model.jax_state_sync()  # JAX keeps the training state outside the model during an epoch
+        rel = f"checkpoints/step{step}.keras"
+        with tempfile.TemporaryDirectory(prefix="tripwire-") as folder:
+            path = os.path.join(folder, "model.keras")
+            model.save(path)
+            with open(path, "rb") as f:
+                self._recorder.store.put(rel, iter(functools.partial(f.read, 1 << 24), b""))
+        log.warning("tripwire: checkpoint written to %s", self._recorder.store.url_of(rel))
+
+    def _close(self, state: str) -> None:
+        if self._capture is not None:
+            self._capture.close()
+        if self._recorder is not None:
+            try:
+                self._recorder.finish(state)
+            finally:
+                self._recorder, self._capture = None, None

@@ -1,0 +1,382 @@
+"""What a Keras train step shows tripwire at a sampled step, on the TensorFlow, torch and JAX backends.
+
+Keras gives callbacks neither the step's loss (its logs hold the mean over the
+epoch so far), nor gradients, nor layer outputs, and on TensorFlow and JAX the
+train step is a compiled function Python does not re-enter. So on a sampled
+step, and only then, the callback swaps `model.train_function` for a capture
+function: Keras' own `make_train_function`, built while these hooks are in
+place, which are also in place whenever it runs:
+
+- `model.train_step` is wrapped: inputs and labels, and (TensorFlow) it hands
+  the captured tensors out as an extra entry of the step's logs;
+- `call` of the selected layers is wrapped (activations; the model's own
+  `call` gives the predictions);
+- the optimizer's `scale_loss` and `apply` are wrapped (`wrap_optimizer`):
+  the loss; gradients, parameters before the update, updates, learning rate.
+
+At most two capture functions are built, each the first time it is needed:
+one that takes only the loss and learning rate (the loss is usually sampled
+most often), and one that takes everything the config can ask for in the
+step; a step that needs less than all of it drops the rest on the host.
+Each costs one more trace and compilation of the train step. Unsampled
+steps run Keras' own function, untouched: the hooks are not in it.
+
+Captured tensors leave the step by one of three routes: eager tensors (torch,
+`run_eagerly`) are handled at once; TensorFlow graph tensors go out through
+the logs, removed before Keras sees them; JAX tracers (layer outputs live
+inside `jax.value_and_grad`) go to the host through `jax.debug.callback`.
+On the CPU they leave whole and the core's numpy reductions reduce them; on
+an accelerator they are reduced where they are (`reduce_ops`) and only the
+results leave, with full copies only where the config asks for tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import keras
+import numpy as np
+from keras import ops
+
+from tripwire.core.naming import SCALAR_COLLECTIONS, collection_of
+from tripwire.core.reductions import reduce as reduce_numpy
+
+from .reduce import COMPUTE as DEVICE_REDUCTIONS
+from .reduce import reduce_ops
+
+log = logging.getLogger("tripwire")
+
+# Collections only the train step itself can see; metrics come from Keras' logs.
+IN_STEP = frozenset({"losses", "weights", "biases", "gradients", "updates", "optimizer", "activations", "inputs",
+                     "labels", "predictions", "custom"})
+SCALARS_IN_STEP = frozenset({"losses", "optimizer"})  # cheap enough to get from a capture function of their own
+LOGS_KEY = "__tripwire__"
+OPTIMIZER_CONSTANTS = {"momentum": "momentum", "beta1": "beta_1", "weight_decay": "weight_decay"}
+
+
+class _ApplyHook:
+    """Stands in for an optimizer's `apply`: passes straight through unless a capture is running."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.original = optimizer.apply
+        self.capture: StepCapture | None = None
+
+    def __call__(self, grads, trainable_variables=None):
+        capture = self.capture
+        if capture is None:
+            return self.original(grads, trainable_variables)
+        variables = list(self.optimizer._trainable_variables if trainable_variables is None else trainable_variables)
+        before = capture.before_update(self.optimizer, grads, variables)
+        result = self.original(grads, trainable_variables)
+        capture.after_update(variables, before)
+        return result
+
+
+class _LossHook:
+    """Stands in for an optimizer's `scale_loss`, which every Keras train step calls with the step's loss."""
+
+    def __init__(self, optimizer):
+        self.original = optimizer.scale_loss
+        self.capture: StepCapture | None = None
+
+    def __call__(self, loss):
+        if self.capture is not None:
+            self.capture.seen("scale_loss")
+            self.capture.emit("losses", "train", loss)
+        return self.original(loss)
+
+
+def wrap_optimizer(optimizer):
+    """Let tripwire see the loss and gradients of the steps this optimizer serves; returns the same optimizer.
+
+    Keras gives callbacks neither, so tripwire reads them where every train step
+    hands them to the optimizer: `scale_loss(loss)` and `apply(grads)` (which
+    `apply_gradients` and `stateless_apply` call). `TripwireCallback` wraps
+    `model.optimizer` by itself when training starts; call this only for an
+    optimizer your own `train_step` uses instead of `model.optimizer`. Outside
+    sampled steps the wrappers pass calls straight through; wrapping twice
+    changes nothing.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer: see unscaled gradients
+    for target, method, hook in ((inner, "apply", _ApplyHook), (optimizer, "scale_loss", _LossHook)):
+        if not isinstance(vars(target).get(method), hook):
+            object.__setattr__(target, method, hook(target))  # no attribute tracking: it is not state
+    return optimizer
+
+
+def _hooks_of(optimizer) -> list:
+    if optimizer is None:
+        return []
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return [hook for hook in (vars(inner).get("apply"), vars(optimizer).get("scale_loss"))
+            if isinstance(hook, (_ApplyHook, _LossHook))]
+
+
+def on_accelerator(model) -> bool:
+    """Whether the model's variables live on an accelerator (then tensors are reduced where they are)."""
+    variables = model.trainable_variables
+    if not variables:
+        return False
+    device = getattr(variables[0].value, "device", "cpu")
+    return "cpu" not in str(device() if callable(device) else device).lower()
+
+
+def layer_kind(layer) -> str:
+    """The layer's class, with its activation where it has one ('Dense/relu'): patterns like 'relu' find both."""
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    return type(layer).__name__ + (f"/{activation}" if activation else "")
+
+
+class StepCapture:
+    def __init__(self, model, plan):
+        self.model, self.plan = model, plan
+        self.backend = keras.backend.backend()
+        self.on_device = on_accelerator(model)
+        self.active: dict = {}
+        self.values: dict = {}
+        self.tensors: dict = {}
+        self._key: frozenset = frozenset()
+        self._everything = frozenset(plan.collections) & IN_STEP
+        self._emitting: dict = {}  # the plans of the collections the running capture hands over
+        self._normal = None
+        self._functions: dict = {}  # the collections it captures -> capture function
+        self._seen: dict = {}  # same key -> the optimizer hooks that ran in it
+        self._original_step = model.train_step
+        self._selected = list(self._layers(plan.collections["activations"])) if "activations" in plan else []
+        self._wrappers: dict = {}
+        self._graph_out: dict = {}
+        self._graph = None
+        self._order: dict = {}  # name -> when the step first handed it over: JAX delivers in no fixed order
+        self._kinds: dict = {}  # name -> the kind its reductions are computed for
+        self._owners: dict | None = None  # layer path -> layer class
+        self._warned: set = set()
+
+    # -- phases ---------------------------------------------------------------------------------------------------
+    def begin(self, collections) -> None:
+        """Prepare a sampled step: swap in the capture function if the step needs anything from inside it."""
+        self.active = {c.name: c for c in collections}
+        self.values, self.tensors = {}, {}
+        needed = frozenset(self.active) & IN_STEP
+        self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
+        if needed:
+            self._normal, self.model.train_function = self.model.train_function, self._run
+
+    def end(self) -> tuple[dict, dict]:
+        """Put Keras' train function back; the step's (values, tensors)."""
+        if self._normal is not None:
+            self.model.train_function, self._normal = self._normal, None
+            self._warn_without_gradients()
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        if "optimizer" in self.active and optimizer is not None:
+            plan = self.active["optimizer"]
+            for name, attr in OPTIMIZER_CONSTANTS.items():
+                value = getattr(optimizer, attr, None)
+                value = 0.0 if value is None and name == "weight_decay" else value  # None: no decay
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and plan.selects(name):
+                    self.values[f"optimizer/{name}"] = {"value": float(value)}
+        values = dict(sorted(self.values.items(), key=lambda item: self._order.get(item[0], len(self._order))))
+        tensors = self.tensors
+        self.active, self.values, self.tensors = {}, {}, {}
+        return values, tensors
+
+    def close(self) -> None:
+        if self._normal is not None:
+            self.model.train_function, self._normal = self._normal, None
+
+    # -- the capture function ---------------------------------------------------------------------------------------
+    def _run(self, *args):
+        """Called by Keras' fit loop in place of its train function, on sampled steps only."""
+        eager = self.backend == "torch" or self.model.run_eagerly  # hooks run at every step, not once in a trace
+        self._emitting = self.active if eager else {name: self.plan.collections[name] for name in self._key}
+        with self._hooks(self._key):
+            function = self._functions.get(self._key)
+            if function is None:
+                function = self._functions[self._key] = self._make()
+            try:
+                out = function(*args)
+            finally:
+                self._emitting = {}
+        if self.backend == "jax":
+            import jax
+
+            jax.effects_barrier()  # every debug.callback of the step has delivered
+        logs = out[0] if isinstance(out, tuple) else out
+        for key, value in logs.pop(LOGS_KEY, {}).items():
+            what, _, name = key.partition(":")
+            self._receive(name, what, value)
+        return out
+
+    def _make(self):
+        current = self.model.train_function
+        self.model.make_train_function(force=True)
+        function, self.model.train_function = self.model.train_function, current
+        return function
+
+    @contextlib.contextmanager
+    def _hooks(self, key):
+        patches = [(self.model, "train_step", self._train_step)]
+        if "activations" in key:
+            patches += [(layer, "call", self._wrapper(layer, "activations", path, kind))
+                        for layer, path, kind in self._selected]
+        if "predictions" in key:
+            patches.append((self.model, "call", self._wrapper(self.model, "predictions", "", "")))
+        previous = [vars(obj).get(attr) for obj, attr, _ in patches]
+        for obj, attr, function in patches:
+            object.__setattr__(obj, attr, function)
+        hooks = _hooks_of(self.model.optimizer)
+        for hook in hooks:
+            hook.capture = self
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.capture = None
+            for (obj, attr, _), old in zip(patches, previous):
+                if old is None:
+                    object.__delattr__(obj, attr)
+                else:
+                    object.__setattr__(obj, attr, old)
+
+    def _layers(self, plan):
+        """The layers whose outputs the activations collection selects: leaves, or any layer its patterns name."""
+        for layer in self.model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, keras.layers.InputLayer):
+                continue
+            path, kind = getattr(layer, "path", None) or layer.name, layer_kind(layer)
+            leaf = not any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
+            if (plan.include or leaf) and plan.selects(path, kind):
+                yield layer, path, kind
+
+    def _wrapper(self, layer, collection, path, kind):
+        """A `call` that reports its output; made once per layer, so compiled-function caches keep hitting."""
+        key = (id(layer), collection)
+        if key not in self._wrappers:
+            call = layer.call
+
+            def wrapped(*args, **kwargs):
+                out = call(*args, **kwargs)
+                self.emit(collection, path, out[0] if isinstance(out, (tuple, list)) and out else out, kind)
+                return out
+
+            self._wrappers[key] = wrapped
+        return self._wrappers[key]
+
+    def _train_step(self, *args):
+        self._graph_out = {}
+        if self.backend == "tensorflow":
+            import tensorflow as tf
+
+            self._graph = tf.compat.v1.get_default_graph()
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(args[-1])
+        self.emit("inputs", "x", x)
+        self.emit("labels", "", y)
+        out = self._original_step(*args)
+        if self._graph_out:  # TensorFlow graph tensors leave the compiled step with its logs
+            out = {**out, LOGS_KEY: self._graph_out}
+        return out
+
+    # -- what the hooks report ----------------------------------------------------------------------------------------
+    def before_update(self, optimizer, grads, variables) -> dict:
+        """Optimizer hook, before the update: parameters, gradients, learning rate; keeps what `updates` needs."""
+        self.seen("apply")
+        updates = self._emitting.get("updates")
+        before = {}
+        for grad, variable in zip(grads, variables):
+            path, value, kind = variable.path, ops.convert_to_tensor(variable), self._parameter_kind(variable)
+            self.emit("biases" if "bias" in variable.name else "weights", path, value, kind)
+            if grad is not None:
+                self.emit("gradients", path, grad, kind)
+            if updates is not None and updates.selects(path):
+                before[path] = ops.copy(value)  # torch updates in place
+        if "optimizer" in self._emitting:
+            self.emit("optimizer", "lr", ops.convert_to_tensor(optimizer.learning_rate))
+        return before
+
+    def _parameter_kind(self, variable) -> str:
+        """Keras kernels are laid out [..., in, out] ('in_out' for the core's fan_in); embedding tables have no fan-in."""
+        if self._owners is None:
+            self._owners = {getattr(layer, "path", None) or layer.name: type(layer).__name__
+                            for layer in self.model._flatten_layers(include_self=True, recursive=True)}
+        owner = self._owners.get(variable.path.rsplit("/", 1)[0], "")
+        return "embedding" if "embed" in owner.lower() else "in_out"
+
+    def after_update(self, variables, before: dict) -> None:
+        for variable in variables:
+            if variable.path in before:
+                self.emit("updates", variable.path, ops.subtract(ops.convert_to_tensor(variable), before[variable.path]))
+
+    def emit(self, collection: str, path: str, tensor, kind: str = "") -> None:
+        """Hand one tensor of the step to tripwire, if its collection is sampled now and selects it."""
+        plan = self._emitting.get(collection)
+        if plan is None or not ops.is_tensor(tensor) or not plan.selects(path, kind):
+            return
+        name = f"{collection}/{path}" if path else collection
+        self._order.setdefault(name, len(self._order))
+        self._kinds[name] = kind
+        if self.on_device and collection not in SCALAR_COLLECTIONS and DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
+            parts = {"reduced": reduce_ops(tensor, plan.reductions, kind)}
+            if plan.save_tensors:
+                parts["tensor"] = tensor
+        else:
+            parts = {"raw": tensor}
+        self._send(name, parts)
+
+    def _send(self, name: str, parts: dict) -> None:
+        tensor = next(iter(parts.values()))
+        if self.backend == "jax":
+            import jax
+
+            if isinstance(tensor, jax.core.Tracer):
+                jax.debug.callback(functools.partial(self._receive_all, name), parts)
+                return
+        elif self.backend == "tensorflow":
+            import tensorflow as tf
+
+            if not tf.executing_eagerly():
+                parts = {what: tf.convert_to_tensor(value) for what, value in parts.items()}  # variables: read now
+                if any(value.graph is not self._graph for value in parts.values()):
+                    self.warn_once(name, f"tripwire: {name} is computed inside a loop of the compiled step "
+                                          "and cannot be captured on the TensorFlow backend; it is skipped.")
+                    return
+                self._graph_out.update({f"{what}:{name}": value for what, value in parts.items()})
+                return
+        self._receive_all(name, parts)
+
+    def _receive_all(self, name: str, parts: dict) -> None:
+        for what, value in parts.items():
+            self._receive(name, what, value)
+
+    def _receive(self, name: str, what: str, value) -> None:
+        plan = self.active.get(collection_of(name))
+        if plan is None:
+            return
+        array = np.asarray(ops.convert_to_numpy(value))
+        if what == "reduced":
+            self.values[name] = dict(zip(plan.reductions, array.astype(np.float64).tolist()))
+        elif what == "tensor":
+            self.tensors[name] = np.array(array)
+        elif plan.name in SCALAR_COLLECTIONS:
+            self.values[name] = {"value": float(array.reshape(-1)[0])}
+        else:
+            self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""))
+            if plan.save_tensors:
+                self.tensors[name] = np.array(array)  # a copy: parameters change in place
+
+    def seen(self, hook: str) -> None:
+        """An optimizer hook ran in this capture function (on compiled backends: while it was traced)."""
+        self._seen.setdefault(self._key, set()).add(hook)
+
+    def _warn_without_gradients(self) -> None:
+        if "gradients" in self.active and "apply" not in self._seen.get(self._key, ()):
+            self.warn_once("gradients", "tripwire: rules need gradients, but the train step did not apply them "
+                            "through model.optimizer, so none were captured (rules on gradients report no_data). "
+                            "If your train_step uses another optimizer, pass it through "
+                            "tripwire.plugins.keras.wrap_optimizer(optimizer).")
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
