@@ -162,12 +162,14 @@ class StepCapture:
         needed = frozenset(self.active) & IN_STEP
         self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
         if needed:
-            self._normal, self.model.train_function = self.model.train_function, self._run
+            self._normal = self.model.train_function
+            self._set_train_function(self._run)
 
     def end(self) -> tuple[dict, dict]:
         """Put Keras' train function back; the step's (values, tensors)."""
         if self._normal is not None:
-            self.model.train_function, self._normal = self._normal, None
+            self._set_train_function(self._normal)
+            self._normal = None
             self._warn_without_gradients()
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         if "optimizer" in self.active and optimizer is not None:
@@ -184,7 +186,12 @@ class StepCapture:
 
     def close(self) -> None:
         if self._normal is not None:
-            self.model.train_function, self._normal = self._normal, None
+            self._set_train_function(self._normal)
+            self._normal = None
+
+    def _set_train_function(self, function) -> None:
+        """Past Keras' attribute tracking, which costs more than the swap itself on every sampled step."""
+        object.__setattr__(self.model, "train_function", function)
 
     # -- the capture function ---------------------------------------------------------------------------------------
     def _run(self, *args):
