@@ -19,15 +19,12 @@ TARGETS = {"default rules.yaml": "<= 1.02", "w+g reductions every step": "<= 1.2
 CASES = {"no callback": "none", "empty Callback": "empty", "default rules.yaml": configs.DEFAULT, **configs.EVERY_STEP}
 
 
-def fit(config, steps: int, out_dir: str) -> dict:
-    """Train in this (fresh) process; config "none" means no callback, "empty" a Callback doing nothing."""
+def mlp_module(poison=None):
+    """The benchmarked MLP as a LightningModule, SGD at lr 0.01; `poison(module, loss)` may replace the loss."""
     import lightning.pytorch as pl
     import torch
 
-    from .model import batches, mlp, single_thread
-
-    single_thread()
-    data = batches(steps)  # ready-made batches; batch_size=None hands them over as they are
+    from .model import mlp
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -36,10 +33,24 @@ def fit(config, steps: int, out_dir: str) -> dict:
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return torch.nn.functional.cross_entropy(self.net(x), y)
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            return poison(self, loss) if poison is not None else loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Module()
+
+
+def fit(config, steps: int, out_dir: str) -> dict:
+    """Train in this (fresh) process; config "none" means no callback, "empty" a Callback doing nothing."""
+    import lightning.pytorch as pl
+    import torch
+
+    from .model import batches, single_thread
+
+    single_thread()
+    data = batches(steps)  # ready-made batches; batch_size=None hands them over as they are
 
     callbacks = [pl.Callback()] if config == "empty" else []
     if config not in ("none", "empty"):
@@ -50,7 +61,7 @@ def fit(config, steps: int, out_dir: str) -> dict:
                          enable_model_summary=False, enable_checkpointing=False, accelerator="cpu",
                          callbacks=callbacks)
     with Clock() as clock:
-        trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=None))
+        trainer.fit(mlp_module(), torch.utils.data.DataLoader(data, batch_size=None))
     return {**clock.to_dict(), "steps": trainer.global_step}
 
 

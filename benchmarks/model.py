@@ -29,3 +29,15 @@ def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def single_thread() -> None:
     """One intra-op thread: the other core is left to tripwire's writer thread, as on a busy trainer."""
     torch.set_num_threads(1)
+
+
+def plain_loop(model: torch.nn.Module, optimizer, data, loss_fn, after_step=None) -> None:
+    """The plain training loop both tools are measured in; `after_step(loss)` after each optimizer step
+    (tripwire's `probe.step`)."""
+    for x, y in data:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if after_step is not None:
+            after_step(loss)

@@ -18,7 +18,7 @@ def train(case: str, steps: int, out_dir: str) -> dict:
     (weights, biases, gradients every step). Timed from the hook's creation to its close."""
     import torch
 
-    from .model import batches, mlp, single_thread
+    from .model import batches, mlp, plain_loop, single_thread
 
     os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
     logging.getLogger("smdebug").setLevel(logging.ERROR)
@@ -38,11 +38,7 @@ def train(case: str, steps: int, out_dir: str) -> dict:
         if hook is not None:
             hook.register_module(model)
             hook.register_loss(loss_fn)
-        for x, y in data:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
+        plain_loop(model, optimizer, data, loss_fn)
         if hook is not None:
             hook.close()
     return clock.to_dict()

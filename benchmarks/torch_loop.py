@@ -24,7 +24,7 @@ def train(config, steps: int, out_dir: str) -> dict:
     """The plain loop in this (fresh) process, with TripwireProbe unless config is "none"."""
     import torch
 
-    from .model import batches, mlp, single_thread
+    from .model import batches, mlp, plain_loop, single_thread
 
     single_thread()
     model, data = mlp(), batches(steps)
@@ -34,13 +34,7 @@ def train(config, steps: int, out_dir: str) -> dict:
         from tripwire.plugins.torch import TripwireProbe
     with Clock() as clock:
         probe = None if config == "none" else TripwireProbe(model, optimizer, config, out_dir=out_dir)
-        for x, y in data:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
-            if probe is not None:
-                probe.step(loss)
+        plain_loop(model, optimizer, data, loss_fn, probe.step if probe is not None else None)
         if probe is not None:
             probe.close()
     return clock.to_dict()
