@@ -65,6 +65,8 @@ class Run(View):
         self._step_chunks: dict[tuple, list] = defaultdict(list)  # (w, mode) -> [(file, entry)]
         self._tensor_loc: dict[tuple, dict] = defaultdict(dict)  # (w, mode, name) -> {step: (rel, Entry)}
         self._merged: dict[tuple, tuple] = {}  # key -> (chunks merged, steps, values)
+        self._name_steps_cache: dict[tuple, tuple] = {}  # (worker, mode, name) -> (version, steps with any data)
+        self._last_names_at: tuple = (None, set())  # ((version, step, mode, worker), names with data there)
         self._sections: dict[str, bytes] = {}
         self._verdicts: dict[str, Verdict] = {}
         self.refresh()
@@ -242,6 +244,24 @@ class Run(View):
 
     def _tensor_steps(self, name, mode, worker):
         return np.array(sorted(self._tensor_loc.get((worker, mode, name), {})), dtype=np.int64)
+
+    def _names_at(self, step, mode, worker):
+        """Offline, every rule asks for the names at each step: the last answer is kept for the next rule."""
+        key = (self._version, step, mode, worker)
+        if self._last_names_at[0] != key:
+            names = {n for w, m, n in self._catalog
+                     if m == mode and (worker is None or w == worker) and self._holds(n, step, mode, w)}
+            self._last_names_at = (key, names)
+        return self._last_names_at[1]
+
+    def _name_steps(self, name, mode, worker):
+        """Kept until new shards are read: offline rules ask it for every tensor at every step."""
+        key = (worker, mode, name)
+        version, steps = self._name_steps_cache.get(key, (None, None))
+        if version != self._version:
+            steps = super()._name_steps(name, mode, worker)
+            self._name_steps_cache[key] = (self._version, steps)
+        return steps
 
     def _value(self, name, step, mode, worker):
         rel, entry = self._tensor_loc[(worker, mode, name)][step]

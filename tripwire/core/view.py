@@ -125,12 +125,19 @@ class View:
             return False
         mode = mode or self.default_mode
         for w in ([worker] if worker is not None else self.workers()):
-            entry = self._catalog.get((w, mode, name), ())
-            if any(self._at(name, r, mode, w, step) is not None for r in entry if r != self.TENSOR):
-                return True
-            if self.TENSOR in entry and step in self._tensor_steps(name, mode, w):
+            steps = self._name_steps(name, mode, w)
+            i = int(np.searchsorted(steps, step))
+            if i < len(steps) and steps[i] == step:
                 return True
         return False
+
+    def _name_steps(self, name: str, mode: str, worker: int) -> np.ndarray:
+        """Every step at which a tensor has any data (a reduction or its full value), sorted."""
+        entry = self._catalog.get((worker, mode, name), ())
+        parts = [self._series(name, r, mode, worker)[0] for r in entry if r != self.TENSOR]
+        if self.TENSOR in entry:
+            parts.append(self._tensor_steps(name, mode, worker))
+        return np.unique(np.concatenate(parts)) if parts else _EMPTY[0]
 
     def _scope_workers(self) -> list[int]:
         return [self.default_worker] if self.default_worker is not None else self.workers()
@@ -280,6 +287,9 @@ class _Scoped(View):
 
     def _names_at(self, step, mode, worker):
         return self._base._names_at(step, mode, worker) if step <= self.upto else set()
+
+    def _name_steps(self, *args):
+        return self._base._name_steps(*args)
 
     def verdicts(self) -> list:
         return [v for v in getattr(self._base, "verdicts", lambda: [])() if v.step <= self.upto]
