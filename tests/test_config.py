@@ -75,6 +75,13 @@ def test_unknown_rule_suggests_the_closest(tmp_path):
     assert "Did you mean 'exploding_tensor'?" in str(err.value)
 
 
+@pytest.mark.parametrize("ref", [":", "custom_rules:", ":LargeGradient", ".relative:Rule", "no_such_module:Rule"])
+def test_custom_rule_that_names_nothing_importable(ref):
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.rule") as err:
+        tripwire.load_config({"rules": [{"rule": ref}]})
+    assert "module:ClassName" in str(err.value) or "cannot import" in str(err.value)
+
+
 def test_unknown_rule_parameter(tmp_path):
     path = write(tmp_path, """\
         rules:

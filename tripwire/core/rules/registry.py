@@ -50,9 +50,11 @@ def rule_class(ref: str):
         raise RuleLoadError(f"unknown rule '{ref}'. Built-in rules: {', '.join(rule_names())}; "
                             "a rule of your own is written 'package.module:ClassName'.")
     module_name, _, attr = ref.partition(":")
+    if not module_name.strip() or not attr.strip():
+        raise RuleLoadError(f"'{ref}' names no rule: a rule of your own is written 'package.module:ClassName'.")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, ValueError, TypeError) as exc:  # ValueError, TypeError: not an importable name
         raise RuleLoadError(f"cannot import module '{module_name}' for rule '{ref}': {exc}. "
                             "Is it on the Python path of the training process?") from None
     cls = getattr(module, attr, None)
