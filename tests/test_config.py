@@ -29,6 +29,18 @@ def test_packaged_default_loads_and_plans_rule_requirements():
     assert plan.collections["losses"].reductions == ("value",)
 
 
+def test_reductions_a_rule_reads_in_a_window_of_steps_are_taken_only_there():
+    # poor_weight_initialization reads gradient percentiles and weight variance in the first 10 steps only
+    plan = tripwire.load_config({"rules": [{"rule": "poor_weight_initialization", "params": {"steps": 3}},
+                                           {"rule": "tensor_variance"}]}).plan()
+    at = lambda step: {c.name: c.reductions for c in plan.at("train", step)}  # noqa: E731
+    assert {"p5", "p95"} <= set(at(2)["gradients"]) and {"std", "fan_in"} <= set(at(2)["weights"])
+    assert at(3) == {}  # past the window, and not a step of the schedule
+    assert not {"p5", "p95"} & set(at(100)["gradients"]) and "fan_in" not in at(100)["weights"]
+    assert "var" in at(100)["weights"]  # tensor_variance reads it at every sample
+    assert plan.at("train", 1)[0] is plan.at("train", 2)[0]  # the step's plan is made once, not per step
+
+
 def test_default_rules_yaml_is_the_packaged_file():
     from importlib import resources
     from pathlib import Path

@@ -382,6 +382,7 @@ def resolved_schedule(config: Config, collection: dict, mode: str) -> Schedule:
 def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
     wanted: dict[str, dict] = {name: dict(body) for name, body in config.collections.items()}
     everywhere: list = []  # reductions a rule wants on every tensor collection captured
+    windows: dict[str, list] = {}  # collection -> [(steps, reductions)] read only at those steps
     for spec in config.rules:
         for req in spec.create().requires():
             if req.collection == "*":
@@ -389,7 +390,11 @@ def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
                 continue
             # a collection that only a rule asks for captures only what the rule needs
             body = wanted.setdefault(req.collection, {"reductions": [], "include": list(req.include)})
-            body["reductions"] = [*body.get("reductions", DEFAULT_REDUCTIONS), *req.reductions]
+            body.setdefault("reductions", DEFAULT_REDUCTIONS)
+            if req.steps:  # reductions read only in a window of steps are taken only there
+                windows.setdefault(req.collection, []).append((frozenset(req.steps), tuple(req.reductions)))
+            else:
+                body["reductions"] = [*body["reductions"], *req.reductions]
             if body.get("include") and req.include:  # patterns widen a selection; no patterns already take all
                 body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
             if req.save_tensors:
@@ -408,5 +413,6 @@ def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
             schedules={m: resolved_schedule(config, body, m) for m in MODES},
             include=tuple(body.get("include", ())),
             exclude=tuple(body.get("exclude", ())),
+            windows=() if scalar else tuple(windows.get(name, ())),
         )
     return plans

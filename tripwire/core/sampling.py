@@ -6,6 +6,7 @@ this is one comparison against the next sampled step, cached per mode.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -47,12 +48,30 @@ class CollectionPlan:
     schedules: dict  # mode -> Schedule
     include: tuple = ()
     exclude: tuple = ()
+    # (steps, reductions): reductions only a rule with a window of steps reads (e.g. percentiles in the first
+    # steps of training), computed at those steps only instead of at every sample
+    windows: tuple = ()
     _patterns: tuple = field(default=(), repr=False)
+    _variants: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         compile_ = lambda ps: tuple(re.compile(p, re.IGNORECASE) for p in ps)  # noqa: E731
         object.__setattr__(self, "_patterns", (compile_(self.include), compile_(self.exclude)))
         object.__setattr__(self, "selects", lru_cache(maxsize=None)(self._selects))
+
+    def at_step(self, step: int | None) -> CollectionPlan:
+        """This plan with the windowed reductions due at `step` (all of them for None); itself if none are."""
+        if not self.windows:
+            return self
+        extra = tuple(dict.fromkeys(r for steps, reductions in self.windows if step is None or step in steps
+                                    for r in reductions if r not in self.reductions))
+        if not extra:
+            return self
+        variant = self._variants.get(extra)
+        if variant is None:
+            variant = self._variants[extra] = dataclasses.replace(self, reductions=self.reductions + extra,
+                                                                  windows=(), _variants={})
+        return variant
 
     def _selects(self, path: str, kind: str = "") -> bool:
         """Whether a tensor at this path (of this layer kind, e.g. 'ReLU') belongs to the collection.
@@ -84,7 +103,7 @@ class CapturePlan:
         cached = self._cache.get(mode)
         if cached is not None and cached[0] <= step and (cached[1] is None or step < cached[1]):
             return ()
-        sampled = tuple(c for c in self.collections.values() if c.sampled(mode, step))
+        sampled = tuple(c.at_step(step) for c in self.collections.values() if c.sampled(mode, step))
         nexts = [n for c in self.collections.values() if mode in c.schedules
                  for n in (c.schedules[mode].next_from(step + 1),) if n is not None]
         self._cache[mode] = (step + 1, min(nexts) if nexts else None)

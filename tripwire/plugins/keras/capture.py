@@ -151,6 +151,7 @@ class StepCapture:
         self._graph = None
         self._order: dict = {}  # name -> when the step first handed it over: JAX delivers in no fixed order
         self._kinds: dict = {}  # name -> the kind its reductions are computed for
+        self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
         self._owners: dict | None = None  # layer path -> layer class
         self._warned: set = set()
 
@@ -197,7 +198,9 @@ class StepCapture:
     def _run(self, *args):
         """Called by Keras' fit loop in place of its train function, on sampled steps only."""
         eager = self.backend == "torch" or self.model.run_eagerly  # hooks run at every step, not once in a trace
-        self._emitting = self.active if eager else {name: self.plan.collections[name] for name in self._key}
+        # a compiled function is traced once for all the steps it serves: with every reduction any of them takes
+        self._emitting = self.active if eager else {name: self.plan.collections[name].at_step(None)
+                                                    for name in self._key}
         with self._hooks(self._key):
             function = self._functions.get(self._key)
             if function is None:
@@ -325,6 +328,7 @@ class StepCapture:
         self._kinds[name] = kind
         if self.on_device and collection not in SCALAR_COLLECTIONS and DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
             parts = {"reduced": reduce_ops(tensor, plan.reductions, kind)}
+            self._reduced_as[name] = plan.reductions
             if plan.save_tensors:
                 parts["tensor"] = tensor
         else:
@@ -361,8 +365,9 @@ class StepCapture:
         if plan is None:
             return
         array = np.asarray(ops.convert_to_numpy(value))
-        if what == "reduced":
-            self.values[name] = dict(zip(plan.reductions, array.astype(np.float64).tolist()))
+        if what == "reduced":  # computed for every reduction the function serves; kept: those due now
+            reduced = dict(zip(self._reduced_as[name], array.astype(np.float64).tolist()))
+            self.values[name] = {r: reduced[r] for r in plan.reductions}
         elif what == "tensor":
             self.tensors[name] = np.array(array)
         elif plan.name in SCALAR_COLLECTIONS:
