@@ -88,14 +88,18 @@ class _Parts:
         return self._var
 
     def percentiles(self) -> tuple[float, float]:
-        """p5 and p95 (numpy's linear interpolation) from one sort of the data: numpy's vectorised sort is
-        several times faster than the partition np.percentile does."""
+        """p5 and p95, as numpy's linear interpolation, from one partition of the data around both ranks: a
+        third of the time np.percentile takes, which partitions, and half of a sort."""
         if self._percentiles is None:
-            y = np.sort(self.x)
-            if np.isnan(y[-1]):  # NaNs sort last; np.percentile gives NaN then
+            if math.isnan(self.sum()) and np.isnan(self.x).any():  # np.percentile gives NaN then
                 self._percentiles = (math.nan, math.nan)
             else:
-                self._percentiles = tuple(_interpolated(y, q) for q in (0.05, 0.95))
+                ranks = [(self.n - 1) * q for q in (0.05, 0.95)]
+                low5, low95 = int(ranks[0]), int(ranks[1])
+                y = np.partition(self.x, [low5, low95])
+                above5 = y[low5 + 1:low95 + 1] if low95 > low5 else y[low5 + 1:]
+                self._percentiles = (_interpolated(y, ranks[0], above5),
+                                     _interpolated(y, ranks[1], y[low95 + 1:]))
         return self._percentiles
 
     def nonfinite(self) -> float:
@@ -129,11 +133,14 @@ class _Parts:
         return float(np.mean(share >= 1.0 - ACTIVE_SHARE))
 
 
-def _interpolated(y: np.ndarray, q: float) -> float:
-    """The q-quantile of sorted `y`, interpolated linearly between the two nearest ranks as numpy does."""
-    position = (y.size - 1) * q
+def _interpolated(y: np.ndarray, position: float, above: np.ndarray) -> float:
+    """The value at fractional rank `position` of `y`, partitioned there, interpolated linearly between the
+    two nearest ranks as numpy does; `above` holds the next rank's value as its smallest element."""
     low = int(position)
-    a, b = float(y[low]), float(y[min(low + 1, y.size - 1)])
+    a = float(y[low])
+    if position == low or above.size == 0:
+        return a
+    b = float(above.min())
     return a + (b - a) * (position - low) if b != a else a
 
 
