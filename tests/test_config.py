@@ -185,3 +185,30 @@ def test_yaml_bomb_and_huge_file_are_refused(tmp_path):
 def test_python_tags_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="unsupported YAML tag"):
         tripwire.load_config(write(tmp_path, "output: !!python/object/apply:os.system ['true']\n"))
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+@pytest.mark.parametrize("style", ["flow", "mapping", "block"])
+def test_deep_nesting_is_refused_before_anything_is_built(tmp_path, depth, style):
+    # PyYAML recurses once per level: 2,000 raised RecursionError and 100,000 overflowed the C stack
+    text = {"flow": "collections:\n  a: " + "[" * depth + "]" * depth + "\n",
+            "mapping": "collections:\n  a: " + "{a: " * depth + "1" + "}" * depth + "\n",
+            "block": "collections:\n  a:\n    " + "- " * depth + "x\n"}[style]
+    with pytest.raises(ConfigError, match=r"rules\.yaml:\d+: .*nested more than 64 levels.*at most 64"):
+        tripwire.load_config(write(tmp_path, text))
+
+
+def test_nesting_stacked_through_aliases_is_refused(tmp_path):
+    # each anchor nests the previous one 40 levels deeper: the text is shallow, the document is not
+    text = "".join(f"x{i}: &x{i} " + "[" * 40 + (f"*x{i - 1}" if i else "1") + "]" * 40 + "\n" for i in range(30))
+    with pytest.raises(ConfigError, match=r"rules\.yaml:\d+: .*nested more than 64 levels"):
+        tripwire.load_config(write(tmp_path, text))
+
+
+def test_nesting_up_to_the_limit_is_read(tmp_path):
+    from tripwire.core.yamlsource import MAX_DEPTH, load_yaml
+
+    data, _ = load_yaml("a: " + "[" * (MAX_DEPTH - 1) + "1" + "]" * (MAX_DEPTH - 1) + "\n", "x.yaml")
+    for _ in range(MAX_DEPTH):  # the mapping, then 63 lists
+        (data,) = data if isinstance(data, list) else data.values()
+    assert data == 1

@@ -1,8 +1,12 @@
 """Safe YAML loading that remembers the line of every key, so config errors can name it.
 
-PyYAML's own loaders lose line numbers and expand aliases without limit (a
-"billion laughs" file takes all memory). Here the document is composed into
-nodes, then converted by hand: with a budget on the number of values built,
+PyYAML's own loaders lose line numbers, expand aliases without limit (a
+"billion laughs" file takes all memory) and recurse once per nesting level
+(`[[[[…]]]]` 2,000 deep raises RecursionError, 100,000 deep overflows the C
+stack). Here the text is first read as a stream of events, which is
+iterative, to refuse nesting deeper than `MAX_DEPTH` before anything is
+built; then the document is composed into nodes and converted by hand: with
+a budget on the number of values built, the same depth limit through aliases,
 a cap on the file size, duplicate keys refused, and a `lines` map from key
 path to line.
 """
@@ -17,6 +21,7 @@ from .errors import ConfigError
 
 MAX_BYTES = 1_000_000
 MAX_VALUES = 100_000
+MAX_DEPTH = 64  # nested lists and mappings; a real config nests five or six levels
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -27,6 +32,7 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
         raise ConfigError(f"the file is {len(text):,} bytes; a config may hold at most {MAX_BYTES:,}.", source=source)
     loader = _Loader(text)
     try:
+        _check_depth(text, source)
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -46,7 +52,33 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     return _convert(node, (), lines, budget, source), lines
 
 
-def _convert(node, path: tuple, lines: dict, budget: list, source: str) -> Any:
+def _too_deep(source: str, mark) -> ConfigError:
+    return ConfigError(f"lists and mappings are nested more than {MAX_DEPTH} levels deep here; a config may nest at "
+                       f"most {MAX_DEPTH} (a real one needs five or six). Flatten the structure.",
+                       source=source, line=mark.line + 1 if mark else None)
+
+
+def _check_depth(text: str, source: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH from the event stream (the parser keeps an explicit stack, so this
+    neither recurses nor builds anything; it stops at the first event past the limit)."""
+    loader = _Loader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _too_deep(source, event.start_mark)
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+    finally:
+        loader.dispose()
+
+
+def _convert(node, path: tuple, lines: dict, budget: list, source: str, depth: int = 0) -> Any:
+    if depth >= MAX_DEPTH and isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        raise _too_deep(source, node.start_mark)  # aliases can stack collections deeper than the text shows
     budget[0] -= 1
     if budget[0] < 0:
         raise ConfigError(
@@ -64,20 +96,20 @@ def _convert(node, path: tuple, lines: dict, budget: list, source: str) -> Any:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 raise ConfigError("merge keys ('<<') are not supported in a config.", source=source,
                                   line=key_node.start_mark.line + 1)
-            key = _convert(key_node, path, {}, budget, source)
+            key = _convert(key_node, path, {}, budget, source, depth + 1)
             if isinstance(key, (list, dict)):
                 raise ConfigError("a key must be a plain value.", source=source, line=key_node.start_mark.line + 1)
             if key in out:
                 raise ConfigError(f"key '{key}' appears twice; keep one.", source=source,
                                   line=key_node.start_mark.line + 1, key=_dotted(path + (key,)))
             lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = _convert(value_node, path + (key,), lines, budget, source)
+            out[key] = _convert(value_node, path + (key,), lines, budget, source, depth + 1)
         return out
     if isinstance(node, yaml.SequenceNode):
         items = []
         for i, item in enumerate(node.value):
             lines[path + (i,)] = item.start_mark.line + 1
-            items.append(_convert(item, path + (i,), lines, budget, source))
+            items.append(_convert(item, path + (i,), lines, budget, source, depth + 1))
         return items
     return _scalar(node, source)
 
