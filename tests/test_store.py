@@ -204,3 +204,152 @@ def test_series_of_10000_steps_reads_fast(tmp_path):
     steps, values = tripwire.open_run(url).tensor("gradients/layer2").series("l2")
     assert len(steps) == 10_000 and values[-1] == 9999 * 0.5 + 2
     assert time.perf_counter() - start < 2.0  # loose here; `make bench` measures it (target 0.1 s)
+
+
+# -- reading corrupt, crafted and foreign files: every check happens before anything of a file is visible ------------
+
+def three_shard_run(path):
+    """A finished run with shards 0, 1, 2 (steps 0-9, 10-19, 20-29) and an index over them."""
+    import helpers
+
+    rec = Recorder(CONFIG, run_url=str(path), framework="test")
+    rec.start()
+    for chunk in range(3):
+        record_steps(rec, range(chunk * 10, chunk * 10 + 10))
+        helpers.wait_until(lambda: rec.writer.shards_written == chunk + 1)
+    rec.finish()
+    assert sorted(p.name for p in (path / "index").iterdir()) == ["00000-00000002.safetensors"]
+    return path
+
+
+def rewrite_header(path, change):
+    """Rewrite a shard's (or index's) JSON header in place: change(header, meta) edits both; the data is kept."""
+    blob = path.read_bytes()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    meta = json.loads(header["__metadata__"]["tripwire"])
+    change(header, meta)
+    header["__metadata__"]["tripwire"] = json.dumps(meta)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + blob[8 + n:])
+
+
+@pytest.mark.parametrize("where", ["../../../outside.safetensors", "/etc/passwd", "shards/../../run.json",
+                                   "shards/00000-00000001.safetensors/../../../x", "s3://bucket/x.safetensors",
+                                   "shards/00001-00000001.safetensors", "shards/00000-00000007.safetensors"])
+def test_an_index_pointing_outside_its_shards_is_skipped_and_the_shards_serve(tmp_path, where):
+    run_dir = three_shard_run(tmp_path / "run")
+    (tmp_path / "outside.safetensors").write_bytes((run_dir / "shards" / "00000-00000000.safetensors").read_bytes())
+
+    def point_elsewhere(header, meta):
+        meta["tensors"][3][3] = where
+
+    rewrite_header(run_dir / "index" / "00000-00000002.safetensors", point_elsewhere)
+    with pytest.warns(UserWarning, match="skipped .*index/00000-00000002.safetensors.*points to"):
+        run = tripwire.open_run(str(run_dir))
+    assert list(run.skipped) == ["index/00000-00000002.safetensors"]
+    assert set(run._files) == {f"shards/00000-0000000{i}.safetensors" for i in range(3)}  # read from the shards
+    assert run.steps() == list(range(30))
+    np.testing.assert_array_equal(run.tensor("weights/w").value(3), np.full((2, 3), 3, dtype=np.float32))
+
+
+def corrupt(name):
+    """Ways a shard's header can lie, each as change(header, meta)."""
+    def steps_as_list(header, meta):
+        meta["steps"] = ["m0"]
+
+    def rows_as_list(header, meta):
+        meta["rows"] = [10]
+
+    def shape_does_not_match_offsets(header, meta):
+        header["m0"]["shape"] = [11]  # the steps entry: 10 int64s on disk
+
+    def series_of_a_missing_entry(header, meta):
+        meta["series"][-1][3] = "v999"  # the last series: steps of the file were fine, this is not
+
+    def values_and_steps_differ_in_length(header, meta):
+        meta["series"][0][4] = "m0"  # 10 steps
+        header["v0"]["shape"], header["v0"]["data_offsets"][1] = [5], header["v0"]["data_offsets"][0] + 40
+
+    def worker_of_another_file(header, meta):
+        meta["worker"] = 3
+
+    def step_as_text(header, meta):
+        meta["tensors"][0][2] = "7"
+
+    def steps_entry_of_floats(header, meta):
+        header["m0"]["dtype"] = "F64"
+
+    return locals()[name]
+
+
+@pytest.mark.parametrize("how", ["steps_as_list", "rows_as_list", "shape_does_not_match_offsets",
+                                 "series_of_a_missing_entry", "values_and_steps_differ_in_length",
+                                 "worker_of_another_file", "step_as_text", "steps_entry_of_floats"])
+def test_a_shard_that_fails_any_check_is_skipped_whole(tmp_path, how):
+    run_dir = three_shard_run(tmp_path / "run")
+    for index in (run_dir / "index").iterdir():
+        index.unlink()  # read the shards themselves
+    rewrite_header(run_dir / "shards" / "00000-00000001.safetensors", corrupt(how))
+    with pytest.warns(UserWarning, match="skipped .*shards/00000-00000001.safetensors"):
+        run = tripwire.open_run(str(run_dir))
+    assert list(run.skipped) == ["shards/00000-00000001.safetensors"]
+    expected = [*range(10), *range(20, 30)]  # none of the bad shard's steps leak into any answer
+    assert run.steps() == expected
+    assert run.tensor("weights/w").series("mean")[0].tolist() == expected
+    assert run.tensor("weights/w").steps(tensors=True) == expected
+    assert run.tensor("losses/train").series()[0].tolist() == expected
+
+
+def test_foreign_status_verdicts_and_manifest_are_skipped_or_refused(tmp_path):
+    run_dir = three_shard_run(tmp_path / "run")
+    (run_dir / "status" / "00001.json").write_text("[1, 2, 3]")
+    (run_dir / "status" / "00002.json").write_text(json.dumps({"state": ["running"], "heartbeat": "soon"}))
+    (run_dir / "status" / "00003.json").write_text(json.dumps({"state": "running", "lost_steps": "many"}))
+    (run_dir / "status" / "notes.json").write_text("{}")
+    (run_dir / "verdicts").mkdir(exist_ok=True)
+    (run_dir / "verdicts" / "00000-000000000001-x-1.json").write_text("[]")
+    (run_dir / "verdicts" / "00000-000000000002-x-2.json").write_text(json.dumps(
+        {"rule": "x", "step": "2", "message": "m"}))
+    (run_dir / "verdicts" / "00000-000000000003-x-3.json").write_text(json.dumps(
+        {"rule": "x", "step": 3, "message": "m", "status": "exploded"}))
+    with pytest.warns(UserWarning, match="skipped"):
+        run = tripwire.open_run(str(run_dir))
+        info = run.info
+        assert run.verdicts() == []
+    assert info["status"] == "finished" and list(info["workers"]) == [0] and info["lost_steps"] == 0
+    assert set(run.skipped) == {"status/00001.json", "status/00002.json", "status/00003.json", "status/notes.json",
+                                "verdicts/00000-000000000001-x-1.json", "verdicts/00000-000000000002-x-2.json",
+                                "verdicts/00000-000000000003-x-3.json"}
+    assert run.steps() == list(range(30))
+    for manifest in ("[1, 2]", '"run"', json.dumps({"format_version": "1"})):
+        (run_dir / "run.json").write_text(manifest)
+        with pytest.raises(tripwire.RunNotFound, match="is not a tripwire manifest"):
+            tripwire.open_run(str(run_dir))
+
+
+def test_show_names_corrupt_truncated_and_foreign_files_and_exits_normally(tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = three_shard_run(tmp_path / "run")
+    (run_dir / "index" / "00000-00000002.safetensors").unlink()
+    (run_dir / "index" / "00000-00000009.safetensors").write_bytes(b"\xff" * 64)  # corrupt
+    shard = run_dir / "shards" / "00000-00000002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:300])  # truncated
+    rewrite_header(run_dir / "shards" / "00000-00000001.safetensors", corrupt("rows_as_list"))  # lies
+    (run_dir / "shards" / "README.md").write_text("foreign")
+    (run_dir / "shards" / ".tmp-0123abcd").write_bytes(b"half a shard")  # a write in progress: not a shard at all
+    (run_dir / "status" / "00001.json").write_text("[1]")
+    (run_dir / "verdicts").mkdir(exist_ok=True)
+    (run_dir / "verdicts" / "00000-000000000001-x-1.json").write_text("{")
+    out = subprocess.run([sys.executable, "-m", "tripwire", "show", str(run_dir)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    for rel in ("index/00000-00000009.safetensors", "shards/00000-00000002.safetensors",
+                "shards/00000-00000001.safetensors", "shards/README.md", "status/00001.json",
+                "verdicts/00000-000000000001-x-1.json"):
+        assert f"skipped    {rel}: " in out.stdout
+    assert ".tmp-" not in out.stdout + out.stderr
+    assert "status     finished" in out.stdout and "train: 10 sampled (0..9)" in out.stdout

@@ -11,6 +11,7 @@ listed in `run.skipped`.
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections import defaultdict
@@ -20,12 +21,14 @@ import numpy as np
 
 from .errors import RunNotFound, listing
 from .shardfile import Entry, ShardFormatError, decode_header, header_length
+from .shardfile import entry as shard_entry
 from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status, status_name
 from .verdict import Verdict
 from .view import View, merge_sorted
 
 _PREFIX = 65536  # bytes read at once for a header
 _SECTION_CACHE_BYTES = 4 << 20  # reductions sections up to this size are read whole
+_STATUS_EVERY_S = 2.0  # wait_for_step reads the run's status at most this often
 
 
 @dataclass
@@ -55,7 +58,12 @@ class Run(View):
             raise RunNotFound(self._not_found_message()) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise RunNotFound(f"{self.url}/{MANIFEST} is not a tripwire manifest ({exc}).") from None
-        if self._manifest.get("format_version", 0) > FORMAT_VERSION:
+        version = self._manifest.get("format_version", 0) if isinstance(self._manifest, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool):
+            held = type(self._manifest).__name__ if version is None else f"format_version {version!r}"
+            raise RunNotFound(f"{self.url}/{MANIFEST} is not a tripwire manifest (it holds {held}, not a mapping "
+                              "with an integer format_version).")
+        if version > FORMAT_VERSION:
             warnings.warn(f"{self.url} was written in store format {self._manifest.get('format_version')}; this "
                           f"tripwire reads format {FORMAT_VERSION}. Upgrade tripwire to read all of it.")
         self.skipped: dict[str, str] = {}
@@ -91,37 +99,51 @@ class Run(View):
         info = dict(self._manifest)
         info["status"] = run_status(statuses, stale_s=max(120.0, 20 * self._flush_every()))
         info["workers"] = {w: s for w, s in sorted(statuses.items())}
-        info["lost_steps"] = sum(int(s.get("lost_steps", 0)) for s in statuses.values())
-        info["dropped_steps"] = sum(int(s.get("dropped_steps", 0)) for s in statuses.values())
+        info["lost_steps"] = sum(s.get("lost_steps", 0) for s in statuses.values())
+        info["dropped_steps"] = sum(s.get("dropped_steps", 0) for s in statuses.values())
         return info
 
     def _flush_every(self) -> float:
-        return float(self._manifest.get("config", {}).get("writer", {}).get("flush_every_s", 1.0))
+        try:
+            return float(self._manifest.get("config", {}).get("writer", {}).get("flush_every_s", 1.0))
+        except (AttributeError, TypeError, ValueError):
+            return 1.0
 
     def _statuses(self) -> dict[int, dict]:
         out = {}
         for name in self.store.list("status"):
-            if not name.endswith(".json") or name.startswith(TEMP_PREFIX):
+            if name.startswith(TEMP_PREFIX):
+                continue
+            if not STATUS_RE.fullmatch(name):
+                self._foreign(f"status/{name}")
                 continue
             try:
-                out[int(name[:-5])] = json.loads(self.store.get(f"status/{name}"))
+                status = json.loads(self.store.get(f"status/{name}"))
+                problem = _status_problem(status)
             except (ValueError, OSError) as exc:
-                self._skip(f"status/{name}", f"unreadable status: {exc}")
+                problem = str(exc)
+            if problem:
+                self._skip(f"status/{name}", f"unreadable status: {problem}")
+            else:
+                out[int(name[:-5])] = status
         return out
 
     def workers(self) -> list[int]:
         return super().workers() or sorted(self._statuses())
 
-    def verdicts(self) -> list[Verdict]:
-        """Every verdict stored in the run, in step order."""
+    def verdicts(self, worker: int | None = None) -> list[Verdict]:
+        """Every verdict stored in the run (about one worker's data, or all), in step order."""
+        prefix = "" if worker is None else f"{worker:05d}-"  # a verdict's name starts with its worker
         for name in self.store.list("verdicts"):
-            if name in self._verdicts or not name.endswith(".json") or name.startswith(TEMP_PREFIX):
+            if name in self._verdicts or not name.endswith(".json") or name.startswith(TEMP_PREFIX) \
+                    or not name.startswith(prefix):
                 continue
             try:
                 self._verdicts[name] = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
             except (ValueError, TypeError, OSError) as exc:
                 self._skip(f"verdicts/{name}", f"unreadable verdict: {exc}")
-        return sorted(self._verdicts.values(), key=lambda v: (v.step, v.time))
+        return sorted((v for v in self._verdicts.values() if worker is None or v.worker == worker),
+                      key=lambda v: (v.step, v.time))
 
     # -- following a live run -------------------------------------------------------------------------------------
     def refresh(self) -> int:
@@ -152,20 +174,36 @@ class Run(View):
             new_rows += self._load(rel, size) or 0
         return new_rows
 
-    def wait_for_step(self, step: int, timeout: float | None = None, mode: str = "train") -> bool:
-        """Wait until `step` is stored (True), or the run ends without it or the timeout passes (False)."""
+    def wait_for_step(self, step: int, timeout: float | None = None, mode: str = "train",
+                      worker: int | None = None) -> bool:
+        """Wait until `step` (or a later one) is stored in `mode`, for `worker` or any worker (True); or until
+        the run ends without it or the timeout passes (False).
+
+        Cheap on object stores: each round is one `refresh()` (one listing of shards/, reading only new
+        headers); the run's status (a listing of status/ and a small GET per worker) is read at most every
+        2 s; the pause between rounds grows from 0.05 s to 1 s while nothing arrives."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.05
+        delay, next_status = 0.05, time.monotonic()
         while True:
-            if any(self._steps(mode, w).size and self._steps(mode, w)[-1] >= step for w in self.workers()):
+            workers = [worker] if worker is not None else View.workers(self)
+            if any(self._steps(mode, w).size and self._steps(mode, w)[-1] >= step for w in workers):
                 return True
-            if self.info["status"] != "running" and not self.refresh():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 return False
-            if deadline is not None and time.monotonic() >= deadline:
+            ended = False
+            if now >= next_status:  # read before the refresh: nothing written before the end is missed
+                ended, next_status = self.info["status"] != "running", now + _STATUS_EVERY_S
+            if self.refresh():
+                delay = 0.05
+                if ended:
+                    next_status = now  # look at what arrived, then at the status again
+                continue
+            if ended:
                 return False
-            if not self.refresh():
-                time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-                delay = min(delay * 1.5, 0.5)
+            pause = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            time.sleep(min(pause, max(0.0, next_status - time.monotonic())) if pause > 0 else 0)
+            delay = min(delay * 1.5, 1.0)
 
     # -- loading files --------------------------------------------------------------------------------------------
     def _skip(self, rel: str, reason: str) -> None:
@@ -178,34 +216,33 @@ class Run(View):
             self._skip(rel, "not a tripwire file (unexpected name)")
 
     def _load(self, rel: str, size: int) -> int | None:
+        """Read a shard's or index's header, check all of it, and only then make its data visible.
+
+        A file that fails any check is skipped whole (with a warning, in `skipped`): none of its steps,
+        series or tensors appear, so a reader never meets a half-trusted file later."""
         try:
             prefix = self.store.get(rel, 0, min(size, _PREFIX)) if size else self.store.get(rel)
             n = header_length(prefix)
             head = prefix[8:8 + n] if len(prefix) >= 8 + n else self.store.get(rel, 8, 8 + n)
+            if len(head) != n:
+                raise ShardFormatError(f"header of {n} bytes, the file holds {len(head)} after the length")
             entries, meta = decode_header(head, size or None)
-            if meta.get("format_version", 1) > FORMAT_VERSION:
-                raise ShardFormatError(f"store format {meta.get('format_version')} is newer than this tripwire's")
             file = _File(rel, entries, meta)
-            worker = int(meta["worker"])
-            for mode, entry in meta["steps"].items():
-                self._step_chunks[(worker, mode)].append((file, entries[entry]))
-            for mode, name, reduction, values, steps in meta["series"]:
-                self._chunks[(worker, mode, name, reduction)].append((file, entries[values], entries[steps]))
-                self._catalog.setdefault((worker, mode, name), set()).add(reduction)
-            for item in meta["tensors"]:
-                mode, name, step = item[0], item[1], int(item[2])
-                if len(item) == 4:  # in a shard: [mode, name, step, entry]
-                    where = (rel, entries[item[3]])
-                else:  # in an index: [mode, name, step, shard, begin, end, dtype, shape]
-                    where = (item[3], Entry(item[6], tuple(item[7]), int(item[4]), int(item[5])))
-                self._tensor_loc[(worker, mode, name)][step] = where
-                self._catalog.setdefault((worker, mode, name), set()).add(self.TENSOR)
-        except (ShardFormatError, KeyError, ValueError, TypeError, OSError) as exc:
+            worker, steps, series, tensors, rows = _checked(file)
+        except (ShardFormatError, KeyError, ValueError, TypeError, AttributeError, OSError) as exc:
             self._skip(rel, f"not a readable shard ({type(exc).__name__}: {exc})")
             return None
+        for mode, entry in steps:
+            self._step_chunks[(worker, mode)].append((file, entry))
+        for mode, name, reduction, values, steps_entry in series:
+            self._chunks[(worker, mode, name, reduction)].append((file, values, steps_entry))
+            self._catalog.setdefault((worker, mode, name), set()).add(reduction)
+        for mode, name, step, where in tensors:
+            self._tensor_loc[(worker, mode, name)][step] = where
+            self._catalog.setdefault((worker, mode, name), set()).add(self.TENSOR)
         self._files[rel] = file
         self._version += 1
-        return int(sum(meta.get("rows", {}).values()))
+        return rows
 
     def _read(self, file: _File, entry: Entry):
         section = file.section()
@@ -266,6 +303,129 @@ class Run(View):
     def _value(self, name, step, mode, worker):
         rel, entry = self._tensor_loc[(worker, mode, name)][step]
         return entry.decode(self.store.get(rel, entry.begin, entry.end)).copy()
+
+
+STATUS_RE = re.compile(r"\d{5}\.json")
+
+
+def _status_problem(status) -> str | None:
+    """Why a status object cannot be used (None if it can): the fields a reader computes with must have their type."""
+    if not isinstance(status, dict):
+        return f"a {type(status).__name__}, not a mapping"
+    if not isinstance(status.get("state"), str):
+        return f"state is {status.get('state')!r}, not a string"
+    for key in ("heartbeat", "started"):
+        if key in status and (not isinstance(status[key], (int, float)) or isinstance(status[key], bool)):
+            return f"{key} is {status[key]!r}, not a time"
+    for key in ("lost_steps", "dropped_steps", "shards"):
+        if key in status and (not isinstance(status[key], int) or isinstance(status[key], bool) or status[key] < 0):
+            return f"{key} is {status[key]!r}, not a count"
+    return None
+
+
+_INT_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8")
+
+
+def _fail(what: str):
+    raise ShardFormatError(what)
+
+
+def _int(x, what: str, low: int = 0) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < low:
+        _fail(f"{what} is {x!r}, not an integer >= {low}")
+    return x
+
+
+def _str(x, what: str) -> str:
+    if not isinstance(x, str) or not x:
+        _fail(f"{what} is {x!r}, not a name")
+    return x
+
+
+def _checked(file: _File):
+    """Everything a shard or index header declares, checked against the format (docs/format.md) and its name.
+
+    Returns (worker, [(mode, steps entry)], [(mode, name, reduction, values entry, steps entry)],
+    [(mode, name, step, (shard rel, Entry))], rows). Raises ShardFormatError on the first thing that does not
+    fit: a field of the wrong type, an entry that does not exist or has the wrong shape, series whose steps
+    and values differ in length, or (in an index) a tensor location that is not a shard of this run."""
+    meta, entries = file.meta, file.entries
+    folder, name = file.rel.split("/", 1)
+    kind = "index" if folder == "index" else "shard"
+    match = (INDEX_RE if kind == "index" else SHARD_RE).fullmatch(name)
+    if not match:
+        _fail(f"{name!r} is not a {kind} name")
+    version = meta.get("format_version", 1)
+    if _int(version, "format_version", 1) > FORMAT_VERSION:
+        _fail(f"store format {version} is newer than this tripwire's ({FORMAT_VERSION})")
+    if meta.get("kind", kind) != kind:
+        _fail(f"metadata says kind {meta.get('kind')!r} for a file in {folder}/")
+    worker = _int(meta.get("worker"), "worker")
+    if worker != int(match.group(1)):
+        _fail(f"metadata names worker {worker}, the file name worker {int(match.group(1))}")
+    number = meta.get("upto" if kind == "index" else "seq", int(match.group(2)))
+    if _int(number, "upto" if kind == "index" else "seq") != int(match.group(2)):
+        _fail(f"metadata numbers the file {number}, its name {int(match.group(2))}")
+    if meta.get("section") is not None:
+        _int(meta["section"], "section")
+
+    def vector(key, what: str, integers: bool = False) -> Entry:
+        if not isinstance(key, str) or key not in entries:
+            _fail(f"{what} names entry {key!r}, which the file does not hold")
+        e = entries[key]
+        if len(e.shape) != 1 or (integers and e.dtype not in _INT_DTYPES):
+            _fail(f"{what} entry {key!r} is {e.dtype}{list(e.shape)}, not a 1-D {'integer ' if integers else ''}array")
+        return e
+
+    step_map = meta.get("steps", {})
+    if not isinstance(step_map, dict):
+        _fail(f"steps is {type(step_map).__name__}, not a mapping of mode to entry")
+    steps = [(_str(mode, "a mode"), vector(key, f"steps of mode {mode!r}", integers=True))
+             for mode, key in step_map.items()]
+    row_map = meta.get("rows", {m: e.shape[0] for m, e in steps})
+    if not isinstance(row_map, dict):
+        _fail(f"rows is {type(row_map).__name__}, not a mapping of mode to count")
+    rows = sum(_int(count, f"rows of mode {mode!r}") for mode, count in row_map.items())
+
+    series = []
+    listed = meta.get("series", [])
+    if not isinstance(listed, list):
+        _fail(f"series is {type(listed).__name__}, not a list")
+    for item in listed:
+        if not isinstance(item, list) or len(item) != 5:
+            _fail(f"series item {item!r:.80} is not [mode, name, reduction, values, steps]")
+        mode, tensor, reduction = (_str(x, "a series' " + w) for x, w in zip(item, ("mode", "name", "reduction")))
+        values = vector(item[3], f"values of {tensor}/{reduction}")
+        at = vector(item[4], f"steps of {tensor}/{reduction}", integers=True)
+        if values.dtype == "BOOL" or values.shape != at.shape:
+            _fail(f"series {tensor}/{reduction} has {values.shape[0]} values of {values.dtype} for {at.shape[0]} steps")
+        series.append((mode, tensor, reduction, values, at))
+
+    tensors = []
+    listed = meta.get("tensors", [])
+    if not isinstance(listed, list):
+        _fail(f"tensors is {type(listed).__name__}, not a list")
+    for item in listed:
+        if not isinstance(item, list) or len(item) != (8 if kind == "index" else 4):
+            _fail(f"tensor item {item!r:.80} does not have the {kind}'s layout")
+        mode, tensor = _str(item[0], "a tensor's mode"), _str(item[1], "a tensor's name")
+        step = _int(item[2], f"step of {tensor}", low=-(1 << 62))
+        if kind == "shard":  # [mode, name, step, entry]
+            if not isinstance(item[3], str) or item[3] not in entries:
+                _fail(f"tensor {tensor} at step {step} names entry {item[3]!r}, which the file does not hold")
+            tensors.append((mode, tensor, step, (file.rel, entries[item[3]])))
+            continue
+        # in an index: [mode, name, step, "shards/<file>", begin, end, dtype, shape] -- a path read later, so it
+        # must be a plain shard name of this worker inside shards/, never '..', an absolute path or a URL
+        shard = item[3]
+        plain = isinstance(shard, str) and shard.startswith("shards/")
+        m = SHARD_RE.fullmatch(shard[len("shards/"):]) if plain else None
+        if m is None or int(m.group(1)) != worker or int(m.group(2)) > int(match.group(2)):
+            _fail(f"tensor {tensor} at step {step} points to {shard!r:.80}, not a shard of worker {worker} "
+                  f"numbered <= {int(match.group(2))} inside shards/")
+        where = shard_entry(item[6], item[7], item[4], item[5], what=f"tensor {tensor} at step {step}")
+        tensors.append((mode, tensor, step, (shard, where)))
+    return worker, steps, series, tensors, rows
 
 
 def open_run(url, storage_options: dict | None = None) -> Run:

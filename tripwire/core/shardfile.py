@@ -65,6 +65,28 @@ def encode(entries: dict[str, np.ndarray], metadata: dict) -> list:
     return [struct.pack("<Q", len(head)) + head, *blobs]
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def entry(dtype, shape, begin, end, what: str = "entry") -> Entry:
+    """An Entry from untrusted header fields: a known dtype, a shape of counts, offsets that hold exactly it."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ShardFormatError(f"{what} has unknown dtype {dtype!r}")
+    if not isinstance(shape, (list, tuple)) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise ShardFormatError(f"{what} has shape {shape!r}, not a list of counts")
+    if not (_is_int(begin) and _is_int(end)) or not 0 <= begin <= end:
+        raise ShardFormatError(f"{what} has byte offsets [{begin!r}, {end!r}]")
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * np.dtype(DTYPES[dtype]).itemsize
+    if nbytes != end - begin:
+        raise ShardFormatError(f"{what}: shape {list(shape)} of {dtype} needs {nbytes} bytes, its offsets hold "
+                               f"{end - begin}")
+    return Entry(dtype, tuple(shape), begin, end)
+
+
 def header_length(prefix: bytes) -> int:
     """The header length N from the file's first 8 bytes."""
     if len(prefix) < 8:
@@ -84,9 +106,9 @@ def decode_header(head: bytes, size: int | None = None) -> tuple[dict[str, Entry
         entries = {}
         for key, e in raw.items():
             begin, end = e["data_offsets"]
-            entries[key] = Entry(e["dtype"], tuple(e["shape"]), base + begin, base + end)
-            if e["dtype"] not in DTYPES or end < begin or (size is not None and base + end > size):
-                raise ShardFormatError(f"entry {key!r} is out of bounds or of unknown dtype")
+            entries[key] = entry(e["dtype"], e["shape"], base + begin, base + end, what=f"entry {key!r}")
+            if size is not None and base + end > size:
+                raise ShardFormatError(f"entry {key!r} ends at byte {base + end}, past the end of the file ({size})")
     except ShardFormatError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

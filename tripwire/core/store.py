@@ -139,9 +139,10 @@ def run_status(statuses: dict[int, dict], now: float | None = None, stale_s: flo
     crashed where a worker's process on this host is gone without closing; unknown where
     a worker elsewhere has not been heard from for `stale_s` seconds.
     """
+    statuses = {w: s for w, s in statuses.items() if isinstance(s, dict)}  # foreign objects say nothing
     if not statuses:
         return "unknown"
-    states = {s.get("state") for s in statuses.values()}
+    states = {s.get("state") for s in statuses.values() if isinstance(s.get("state"), str)}
     if "failed" in states:
         return "failed"
     live = [s for s in statuses.values() if s.get("state") == "running"]
@@ -152,9 +153,13 @@ def run_status(statuses: dict[int, dict], now: float | None = None, stale_s: flo
     for s in live:
         if s.get("host") == here and not _alive(s.get("pid")):
             return "crashed"
-    if any(now - float(s.get("heartbeat", 0)) > stale_s for s in live):
+    if any(now - _number(s.get("heartbeat")) > stale_s for s in live):
         return "unknown"
     return "running"
+
+
+def _number(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
 
 
 def _alive(pid) -> bool:

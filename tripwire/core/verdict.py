@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 STATUSES = ("fired", "no_data", "error")
+_FIELD_TYPES = {"rule": (str,), "step": (int,), "message": (str,), "mode": (str,), "worker": (int,),
+                "evidence": (dict,), "hint": (str,), "source": (str,), "time": (float, int)}
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,15 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
+        """A verdict from its stored form; TypeError or ValueError if a field has the wrong type (a foreign file)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a verdict is a mapping, not a {type(data).__name__}")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        for key, types in _FIELD_TYPES.items():
+            if key in known and (not isinstance(known[key], types) or isinstance(known[key], bool)):
+                raise TypeError(f"verdict field {key!r} is {known[key]!r:.60}, not {types[0].__name__}")
+        if known.get("status", "fired") not in STATUSES:
+            raise ValueError(f"verdict status {known['status']!r:.60} is not one of {', '.join(STATUSES)}")
         return cls(**known)
 
     def describe(self, with_hint: bool = True) -> str:
