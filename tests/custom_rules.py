@@ -49,3 +49,27 @@ def record(verdict):
     """An action target: appends the verdict to the file named by TRIPWIRE_TEST_CALLS."""
     with open(os.environ["TRIPWIRE_TEST_CALLS"], "a") as f:
         f.write(json.dumps(verdict.to_dict()) + "\n")
+
+
+@dataclass
+class OnRank(Rule):
+    """Fires from round `start` on, and only in the process of XGBoost collective rank `rank`: a decision that
+    one worker of a distributed training makes alone (every other worker's data looks fine to its rules)."""
+
+    rank: int = 1
+    start: int = 2
+
+    name = "on_rank"
+    condition = "the evaluating process is collective rank `rank` and the step is at least `start`"
+    hint = "A test rule."
+
+    def requires(self):
+        return [Requirement("metrics")]
+
+    def check(self, run, step):
+        from xgboost import collective
+
+        rank = collective.get_rank()
+        if rank == self.rank and step >= self.start:
+            return self.fire(step, f"rank {rank} decided at step {step}", rank=rank)
+        return None

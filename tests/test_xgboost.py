@@ -96,15 +96,24 @@ def test_a_leaking_feature_fires_feature_importance_overweight(tmp_path):
         <= set(names)
 
 
+def imbalanced(n_minority, ratio=50, seed=0):
+    """Binary data with exactly `ratio` negatives per positive, shuffled: labels built explicitly, not drawn."""
+    rng = np.random.default_rng(seed)
+    y = rng.permutation(np.r_[np.zeros(ratio * n_minority, dtype=np.int64), np.ones(n_minority, dtype=np.int64)])
+    x = rng.normal(size=(len(y), 20))
+    x[:, :5] += 1.5 * y[:, None]  # five informative features
+    return x, y
+
+
 def test_a_1_to_50_split_fires_class_imbalance_with_the_sklearn_estimator(tmp_path):
-    x, y = make_classification(n_samples=3000, n_features=20, n_informative=10, weights=[0.98], flip_y=0,
-                               random_state=0)
-    xt, yt, xv, yv = x[:2000], y[:2000], x[2000:], y[2000:]
+    xt, yt = imbalanced(40, seed=0)
+    xv, yv = imbalanced(20, seed=1)
+    assert np.bincount(yt).tolist() == [2000, 40] and np.bincount(yv).tolist() == [1000, 20]  # exactly 1:50
     cb = TripwireCallback(RULES, out_dir=tmp_path / "imbalance", eval_data=(xv, yv))
     model = xgb.XGBClassifier(n_estimators=20, max_depth=3, n_jobs=1, callbacks=[cb])
     model.fit(xt, yt, eval_set=[(xt, yt), (xv, yv)], verbose=False)
     verdict = fired(cb.run_url)["class_imbalance"]
-    assert verdict.step == 0 and "40.7x" in verdict.message and verdict.evidence["counts"] == {"0": 976, "1": 24}
+    assert verdict.step == 0 and "50.0x" in verdict.message and verdict.evidence["counts"] == {"0": 1000, "1": 20}
     run = tripwire.open_run(cb.run_url)
     assert "metrics/validation_1/logloss" in run.tensor_names()  # the sklearn estimator's eval set names
     assert np.array_equal(run.tensor("labels").value(19), yv)
@@ -143,6 +152,39 @@ def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):
     saved = xgb.Booster(model_file=str(tmp_path / "stop" / "checkpoints" / f"step{step}.ubj"))
     data = xgb.DMatrix(x[300:])
     assert saved.num_boosted_rounds() == 3 and np.array_equal(saved.predict(data), booster.predict(data))
+
+
+@pytest.mark.parametrize("fmt", ["json", "ubj"])
+def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
+    import json
+    import uuid
+
+    import fsspec
+
+    x, y = noisy()
+    url = f"memory://tripwire-tests/xgb-checkpoint-{fmt}-{uuid.uuid4().hex[:8]}"
+    config = {"sampling": {"every": 1}, "rules": [{**OVERFIT, "actions": ["checkpoint", "stop"]}]}
+    booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=url, checkpoint_format=fmt)
+    fs = fsspec.filesystem("memory")
+    try:
+        assert cb.run_url == url and booster.num_boosted_rounds() == 3
+        names = [p.rsplit("/", 1)[1] for p in fs.ls(f"{url}/checkpoints", detail=False)]
+        assert names == [f"step2.{fmt}"]
+        with fsspec.open(f"{url}/checkpoints/step2.{fmt}", "rb") as f:
+            raw = f.read()
+        if fmt == "json":
+            assert json.loads(raw)["learner"]["gradient_booster"]["name"] == "gbtree"
+        else:
+            assert raw[:1] == b"{" and b"learner" in raw[:64]  # UBJSON: an object, not JSON text
+            with pytest.raises(ValueError):
+                json.loads(raw)
+        saved = xgb.Booster()
+        saved.load_model(bytearray(raw))
+        data = xgb.DMatrix(x[300:])
+        assert saved.num_boosted_rounds() == 3 and np.array_equal(saved.predict(data), booster.predict(data))
+        assert tripwire.open_run(url).info["status"] == "stopped"
+    finally:
+        fs.rm(url, recursive=True)
 
 
 def test_raise_action_raises_rule_fired_and_closes_the_run(tmp_path):
@@ -236,3 +278,29 @@ def test_dask_two_workers_record_and_stop_together(tmp_path, dask_client, worker
     assert run.info["world_size"] == 2 and run.info["status"] == "stopped"
     assert run.steps() == [0, 1, 2] and np.array_equal(run.tensor("labels").value(2), y[300:])
     assert (tmp_path / "dask" / "checkpoints" / "step2.ubj").exists()
+
+
+@pytest.mark.timeout(180)
+def test_dask_a_stop_decided_on_rank_1_alone_stops_both_workers_at_the_same_round(tmp_path, dask_client):
+    import dask.array as da
+    import xgboost.dask as dxgb
+
+    x, y = noisy()
+    config = {"workers": "all", "sampling": {"every": 1},
+              "rules": [{"rule": "custom_rules:OnRank", "params": {"rank": 1, "start": 4},
+                         "actions": ["log", "checkpoint", "stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "rank1")
+    dtrain, dval = (dxgb.DaskDMatrix(dask_client, da.from_array(a, chunks=150), da.from_array(b, chunks=150))
+                    for a, b in ((x[:300], y[:300]), (x[300:], y[300:])))
+    out = dxgb.train(dask_client, DEEP, dtrain, 30, evals=[(dtrain, "train"), (dval, "val")], callbacks=[cb])
+
+    run = tripwire.open_run(cb.run_url)
+    verdicts = [v for v in run.verdicts() if v.fired]
+    assert [(v.rule, v.worker, v.step) for v in verdicts] == [("custom_rules:OnRank", 1, 4)]  # rank 0 saw nothing
+    assert out["booster"].num_boosted_rounds() == 5  # and still stopped after round 4, with rank 1
+    assert run.workers() == [0, 1] and run.info["status"] == "stopped"
+    for worker in (0, 1):
+        steps, _ = run.tensor("metrics/val/logloss").series(worker=worker)
+        assert steps.tolist() == [0, 1, 2, 3, 4]
+    # rank 0 writes the checkpoint that rank 1 asked for
+    assert (tmp_path / "rank1" / "checkpoints" / "step4.ubj").exists()
