@@ -235,3 +235,22 @@ def test_two_runs_write_under_one_root_at_once(tmp_path):
     rows = json.loads(out.stdout)
     assert sorted(r["name"] for r in rows) == ["a", "b"] and all(r["status"] == "finished" for r in rows)
     assert all(tripwire.open_run(r["url"]).steps() == list(range(0, 43, 5)) for r in rows)
+
+
+def test_an_unexpected_error_in_the_cli_exits_2_with_one_line(monkeypatch, capsys):
+    from tripwire.core import cli
+
+    def broken(args):
+        raise RuntimeError("internal\nfailure")  # stands for a bug: exit 1 would read as "a rule fired"
+
+    monkeypatch.setattr(cli, "_show", broken)
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["show", "anything"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "tripwire show: unexpected error: RuntimeError: internal failure (at test_reliability.py:" in err
+    assert "TRIPWIRE_DEBUG=1" in err
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    assert cli.main(["show", "anything"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("for the traceback.")

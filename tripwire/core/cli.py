@@ -1,4 +1,8 @@
-"""The `tripwire` command line. Exit codes: 0 nothing fired, 1 a rule fired (or runs differ), 2 an error."""
+"""The `tripwire` command line. Exit codes: 0 nothing fired, 1 a rule fired (or runs differ), 2 an error.
+
+An unexpected exception is an error too (exit 2, never 1): one line on stderr, and the traceback only when
+the environment variable TRIPWIRE_DEBUG is set to a non-empty value other than 0.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,26 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - exit 1 means "a rule fired"; a crash must not read as that
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+        print(f"tripwire {args.verb}: unexpected error: {message} (at {_origin(exc)}). This is a bug in tripwire or "
+              f"input it could not handle; set {DEBUG_ENV}=1 for the traceback.", file=sys.stderr)
+        return 2
+
+
+DEBUG_ENV = "TRIPWIRE_DEBUG"
+
+
+def _origin(exc: BaseException) -> str:
+    """file:line where the exception was raised, for the one-line message."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else "?"
 
 
 def _parser() -> argparse.ArgumentParser:
