@@ -80,13 +80,16 @@ class Overtraining(Rule):
 
     name = "overtraining"
     modes = ("eval",)
-    condition = ("at an evaluation: the training loss (mean since the previous evaluation) has not gone below its "
-                 "earlier best by more than `delta` for `patience_train` evaluations, or the validation loss for "
-                 "`patience_validation` evaluations")
+    condition = ("at an evaluation: the training loss (mean since the previous evaluation) has not improved on its "
+                 "best so far for the last `patience_train` evaluations, or the validation loss for the last "
+                 "`patience_validation`; an evaluation improves when it is below the best before it by more than "
+                 "`delta` of that best (0.01 = 1 %)")
     hint = ("Training goes on without improving: the remaining epochs cost time and, with validation getting "
             "worse, generalisation. Try: early stopping on the validation loss, a learning-rate schedule "
             "(reduce on plateau), or stop here and keep the best checkpoint.")
-    source = "smdebug Overtraining: patience_train 5, patience_validation 10, delta 0.01 (AWS docs, current)."
+    source = ("smdebug Overtraining: patience_train 5, patience_validation 10, delta 0.01 (AWS docs, current): the "
+              "number of evaluations without a new optimum, one that beats the best so far by `delta`. Here "
+              "`delta` is relative to that best, so a loss already below 0.01 can still count as improving.")
 
     @property
     def history(self):
@@ -99,15 +102,32 @@ class Overtraining(Rule):
         found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step)
         if found is None:
             return None
-        _, val, train = found
+        val_steps, val, train = found
         for label, values, patience in (("training", train, self.patience_train),
                                         ("validation", val, self.patience_validation)):
-            values = values[~np.isnan(values)]
-            if len(values) > patience:
-                best_before = float(np.min(values[:-patience]))
-                recent = float(np.min(values[-patience:]))
-                if recent > best_before - self.delta:
-                    return self.fire(step, f"the {label} loss has not improved on {best_before:.4g} by more than "
-                                           f"{self.delta:g} for {patience} evaluations (best since: {recent:.4g}).",
-                                     loss=label, best_before=best_before, best_recent=recent)
+            keep = ~np.isnan(values)
+            best = _best_so_far(values[keep], self.delta)
+            if best is None:
+                continue
+            index, waited = best
+            if waited >= max(patience, 1):
+                best_value, best_step = float(values[keep][index]), int(val_steps[keep][index])
+                since = float(np.min(values[keep][index + 1:]))
+                return self.fire(step, f"the {label} loss has not improved on its best, {best_value:.4g} at step "
+                                       f"{best_step}, by more than {self.delta:.0%} of it in the {waited} "
+                                       f"evaluations since (lowest since: {since:.4g}; patience {patience}).",
+                                 loss=label, best=best_value, best_step=best_step, evaluations_since=waited,
+                                 lowest_since=since, patience=patience)
         return None
+
+
+def _best_so_far(values: np.ndarray, delta: float):
+    """(index of the last new optimum, evaluations since it) over `values`, where a value is a new optimum when it
+    is below the best before it by more than `delta` × |best|; None when there are no values."""
+    if not len(values):
+        return None
+    best, index = float(values[0]), 0
+    for i in range(1, len(values)):
+        if values[i] < best - delta * abs(best):
+            best, index = float(values[i]), i
+    return index, len(values) - 1 - index
