@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,9 +56,6 @@ FAULTS = {
                              lambda: dict(module=helpers.mlp_module())),
     "oscillating_loss": (lambda: dict(module=helpers.mlp_module(lr=1.0), max_epochs=3, val_check_interval=5),
                          lambda: dict(module=helpers.mlp_module(lr=0.1), max_epochs=3, val_check_interval=5)),
-    "overtraining": (lambda: dict(module=helpers.mlp_module(hidden=(256,), optimizer="adam", lr=0.01), max_epochs=30,
-                                  loaders=helpers.torch_loaders(n_train=40, batch_size=8)),
-                     lambda: dict(module=helpers.mlp_module(), max_epochs=3)),
 }
 
 
@@ -69,6 +67,99 @@ def test_rule_fires_on_fault_only(tmp_path, rule, faulty):
     assert [v.status for v in found] == (["fired"] if faulty else []), [v.message for v in found]
     if faulty:
         assert found[0].hint == tripwire.load_config({"rules": [rule]}).rules[0].create().hint
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["large_last_layer", "healthy"])
+def test_exploding_gradient_through_the_layer_ratio(tmp_path, faulty):
+    """Last-layer weights 10x too large: the first layer's gradient is >100x the last's, every norm below max_norm."""
+    init = init_weights(std=10.0, layer=2) if faulty else None
+    found = verdicts("exploding_gradient", helpers.mlp_module(init=init), out_dir=tmp_path / "run", max_epochs=1)
+    if not faulty:
+        assert found == []
+        return
+    (v,) = found
+    assert v.status == "fired" and v.step == 0
+    assert v.evidence["first"] == "gradients/net.0.weight" and v.evidence["last"] == "gradients/net.2.weight"
+    assert v.evidence["ratio"] > 70 and "max_norm" not in v.evidence
+    assert f"{v.evidence['ratio']:.0f}x the last layer's" in v.message and "limit 70x" in v.message
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["tiny_train_set", "healthy"])
+def test_overtraining(tmp_path, faulty):
+    """Fires when a loss stops beating its best so far, with a message that agrees with its numbers; the healthy
+    run is evaluated more often than the patience, so the rule could fire on it."""
+    if faulty:  # 40 training samples: the validation loss turns up after a few epochs
+        setup = dict(module=helpers.mlp_module(hidden=(256,), optimizer="adam", lr=0.01), max_epochs=30,
+                     loaders=helpers.torch_loaders(n_train=40, batch_size=8))
+    else:  # still learning: 24 evaluations, against patience_train 5 and patience_validation 10
+        setup = dict(module=helpers.mlp_module(), max_epochs=3, val_check_interval=5)
+    run_dir = tmp_path / "run"
+    found = verdicts("overtraining", every=1, out_dir=run_dir, **setup)
+    evaluations = tripwire.open_run(str(run_dir)).steps(mode="eval")
+    if not faulty:
+        assert len(evaluations) > 10 and found == []
+        return
+    (v,) = found
+    e = v.evidence
+    assert v.status == "fired" and v.mode == "eval" and e["loss"] == "validation"
+    assert e["evaluations_since"] >= e["patience"] == 10 and e["best_step"] in evaluations
+    assert e["best_step"] < v.step and e["lowest_since"] >= e["best"] * 0.99  # no improvement beyond delta since
+    assert f"{e['best']:.4g} at step {e['best_step']}" in v.message and f"lowest since: {e['lowest_since']:.4g}" in \
+        v.message
+
+
+def test_overtraining_counts_improvements_relative_to_the_best_so_far():
+    from tripwire.core.rules.progress import _best_so_far
+
+    assert _best_so_far(np.array([1.0, 0.5, 0.1, 0.01, 0.001, 0.0001]), 0.01) == (5, 0)  # tiny but still 10x better
+    assert _best_so_far(np.array([1.0, 0.5, 0.499, 0.498, 0.6]), 0.01) == (1, 3)  # < 1% better: no new best
+    assert _best_so_far(np.array([]), 0.01) is None
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["sigmoid_bias_30", "healthy"])
+def test_saturated_sigmoid(tmp_path, faulty):
+    init = init_weights(bias=30.0, layer=0) if faulty else None
+    module = helpers.mlp_module(hidden=(64, 64), activation="sigmoid", init=init)
+    found = verdicts("saturated_activation", module, out_dir=tmp_path / "run", max_epochs=1)
+    if not faulty:
+        assert found == []
+        return
+    (v,) = found
+    assert v.status == "fired" and v.step == 0 and list(v.evidence["layers"]) == ["activations/net.1"]
+    assert "activations/net.1 are saturated" in v.message
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["lr50", "healthy"])
+def test_weight_update_ratio_too_large(tmp_path, faulty):
+    """lr 50: the first SGD step changes the weights by more than 10x their norm."""
+    found = verdicts("weight_update_ratio", helpers.mlp_module(lr=50.0 if faulty else 0.1), out_dir=tmp_path / "run",
+                     max_epochs=1)
+    if not faulty:
+        assert found == []
+        return
+    (v,) = found
+    assert v.status == "fired" and v.step == 0 and "too large" in v.message
+    assert v.evidence["ratios"] and all(r > 10 for r in v.evidence["ratios"].values())
+
+
+@pytest.mark.parametrize("faulty", [True, False], ids=["class_3_never_predicted", "healthy"])
+def test_class_imbalance_misprediction(tmp_path, faulty):
+    """Balanced classes, but the output unit of class 3 starts at a bias of -100: the model never predicts 3."""
+
+    def silence_class_3(net):
+        torch.nn.init.constant_(net[-1].bias[3:4], -100.0)
+
+    module = helpers.mlp_module(init=silence_class_3 if faulty else None)
+    found = verdicts("class_imbalance", module, params={"start_step": 60}, every=2, out_dir=tmp_path / "run",
+                     max_epochs=3, loaders=helpers.torch_loaders(batch_size=64))
+    if not faulty:
+        assert found == []
+        return
+    (v,) = found
+    assert v.status == "fired" and v.step == 60  # the first step the misprediction check runs, 500 labels pooled
+    assert "ratio" not in v.evidence and max(v.evidence["counts"].values()) / min(v.evidence["counts"].values()) < 10
+    assert sum(v.evidence["counts"].values()) >= 500
+    assert v.evidence["mispredicted"]["3"] == 1.0 and "of class 3 are predicted as another class" in v.message
 
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["1:50 labels", "healthy"])
@@ -96,6 +187,16 @@ def test_poor_weight_initialization(tmp_path, fault):
     else:
         (v,) = found
         assert v.step == 0 and ("identical" if fault == "constant" else "scale differs") in v.message
+
+
+def test_poor_weight_initialization_narrow_gradients(tmp_path):
+    """Every layer 1000x too small, evenly (no variance-ratio verdict): the gradients span almost nothing."""
+    found = verdicts("poor_weight_initialization", helpers.mlp_module(hidden=(32, 32), init=init_weights(std=1e-3)),
+                     every=100, out_dir=tmp_path / "run", max_epochs=1)
+    (v,) = found
+    assert v.step == 0 and "between its 5th and 95th percentiles" in v.message
+    assert v.evidence["spans"] and all(span < 1e-3 for span in v.evidence["spans"].values())
+    assert "scaled_variances" not in v.evidence and "identical" not in v.evidence
 
 
 def test_poor_weight_initialization_samples_the_first_steps_by_itself(tmp_path):
