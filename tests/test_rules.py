@@ -239,6 +239,79 @@ def test_stalled_training(tmp_path, where):
     assert verdict.rule == "stalled_training" and verdict.step == 20 and verdict.evidence["seconds"] > 2
 
 
+@pytest.mark.parametrize("where", ["in_process", "side_process"])
+def test_stalled_training_quiet_on_a_slow_steady_run(tmp_path, where):
+    """12 steps of 0.25 s: 3 s in all, more than the 2 s threshold, but never 2 s without a step."""
+    config = {"rules": [{"rule": "stalled_training", "params": {"threshold_s": 2.0}}],
+              "collections": {"losses": {}}, "sampling": {"every": 1}, "writer": {"flush_every_s": 0.2},
+              "evaluation": {"where": where}}
+    run_dir, result = tmp_path / "run", tmp_path / "result.json"
+    trainer = subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), json.dumps(config), str(result),
+                                "--steps", "12", "--sleep", "0.25"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    watcher = None
+    if where == "side_process":
+        watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", str(run_dir)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, out
+    if watcher:
+        watch_out, _ = watcher.communicate(timeout=60)
+        assert watcher.returncode == 0, watch_out
+    times = sorted(json.loads(result.read_text())["times"].values())
+    assert times[-1] - times[0] > 2.0 and max(b - a for a, b in zip(times, times[1:])) < 2.0
+    run = tripwire.open_run(str(run_dir))
+    assert run.info["status"] == "finished" and run.steps() == list(range(12))
+    assert run.verdicts() == []
+
+
+def test_unchanged_tensor_names_the_layer_left_out_of_the_optimizer(tmp_path):
+    """A blind spot: net.0 gets gradients but is not in the optimizer, so only it stays put while the rest trains."""
+    module = helpers.mlp_module(hidden=(32, 32))
+    trained = [p for name, p in module.named_parameters() if not name.startswith("net.0.")]
+    module.configure_optimizers = lambda: torch.optim.SGD(trained, lr=0.1)
+    found = verdicts("unchanged_tensor", module, params={"collections": ["weights", "biases"]},
+                     out_dir=tmp_path / "run", max_epochs=1)
+    (v,) = found
+    assert v.status == "fired" and v.step == 10  # the third sample (every 5)
+    assert sorted(v.evidence["unchanged"]) == ["biases/net.0.bias", "weights/net.0.weight"]
+    assert sorted(v.evidence["still_training"]) == ["biases/net.2.bias", "biases/net.4.bias", "weights/net.2.weight",
+                                                    "weights/net.4.weight"]
+    assert v.message.startswith("2 of 6 tensors did not change") and "net.0" in v.message and \
+        "net.2" not in v.message
+
+
+def test_report_action_writes_the_verdict_into_the_run(tmp_path):
+    config = {"rules": [{"rule": "dead_relu", "actions": ["report"]}], "sampling": {"every": 10}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(init=init_weights(bias=-20.0, layer=0)), max_epochs=1)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    (stored,) = report["verdicts"]
+    assert report["fired"] == 1 and report["rules_fired"] == ["dead_relu"] and report["first_fired_step"] == 0
+    assert stored["rule"] == "dead_relu" and stored["step"] == 0 and stored["status"] == "fired"
+    assert "activations/net.1" in stored["message"] and stored["hint"].startswith("ReLU units died")
+    assert stored == tripwire.open_run(callback.run_url).verdicts()[0].to_dict()
+
+
+def test_no_report_without_the_report_action(tmp_path):
+    config = {"rules": [{"rule": "dead_relu", "actions": ["log"]}], "sampling": {"every": 10}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(init=init_weights(bias=-20.0, layer=0)), max_epochs=1)
+    assert [v.rule for v in callback.verdicts] == ["dead_relu"] and not (tmp_path / "run" / "report.json").exists()
+
+
+def test_log_action_logs_the_verdict_and_its_hint(tmp_path, caplog):
+    config = {"rules": [{"rule": "dead_relu", "actions": ["log"]}], "sampling": {"every": 10}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    with caplog.at_level("WARNING", logger="tripwire"):
+        helpers.fit(callback, helpers.mlp_module(init=init_weights(bias=-20.0, layer=0)), max_epochs=1)
+    (verdict,) = callback.verdicts
+    (record,) = [r for r in caplog.records if r.name == "tripwire" and "[dead_relu]" in r.getMessage()]
+    text = record.getMessage()
+    assert record.levelname == "WARNING" and "[dead_relu] fired at step 0" in text and verdict.message in text
+    assert "hint: " + verdict.hint in text
+
+
 def test_custom_rule_from_the_users_module(tmp_path):
     config = {"rules": [{"rule": "custom_rules:LossAbove", "params": {"threshold": 0.5}, "actions": ["log"]}],
               "sampling": {"every": 5}}
