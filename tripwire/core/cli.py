@@ -227,13 +227,14 @@ def _ls(args) -> int:
         print(f"no runs under {args.root}")
         return 0
     width = max(12, *(len(r["name"]) for r in rows))
-    print(f"{'run':{width}} {'framework':10} {'last step':>9} {'status':9} {'created':19} verdicts")
+    print(f"{'run':{width}} {'framework':10} {'steps':>7} {'last step':>9} {'status':9} {'created':19} verdicts")
     for r in rows:
+        steps = ("-" if r["error"] else "?") if r["steps"] is None else r["steps"]
         step = "-" if r["last_step"] is None else r["last_step"]
         status = r["status"] if not r["error"] else f"unreadable: {r['error']}"
         no_data = f" (+{r['no_data']} no data)" if r["no_data"] else ""
-        print(f"{r['name']:{width}} {r['framework'] or '?':10} {step:>9} {status:9} {_when(r['created']):19} "
-              f"{r['verdicts']}{no_data}")
+        print(f"{r['name']:{width}} {r['framework'] or '?':10} {steps:>7} {step:>9} {status:9} "
+              f"{_when(r['created']):19} {r['verdicts']}{no_data}")
     return 0
 
 

@@ -1,26 +1,33 @@
-"""The runs under a root folder (`tripwire ls`, `tripwire report ROOT`): found by their manifests, two levels down.
+"""The runs under a root folder (`tripwire ls`, `tripwire report ROOT`): found by their manifests, at any depth.
 
 Made for object stores, where every request costs a round trip: a run is
-summarised from its manifest, its status objects and its verdicts alone (no
-shard is opened), folder listings use the store's delimiter (one request per
-folder, never a recursive listing of the shards), and the runs are looked at
-concurrently.
+summarised from its manifest, its status objects, its verdicts and the
+headers of its index files (no shard data is read; a shard's header only
+where no index covers it yet, i.e. while a run is live), folder listings
+use the store's delimiter (one request per folder, never a recursive
+listing of the shards), the search stops descending at a run's folder, and
+the runs are looked at concurrently.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .progress import Progress
-from .store import MANIFEST, TEMP_PREFIX, run_status
+from .shardfile import decode_header, header_length
+from .store import INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, run_status
 
-DEPTH = 2  # the root itself, its sub-folders and theirs
 _THREADS = 16
+_PREFIX = 65536  # bytes read at once for a header: most index and shard headers fit
+MAX_HEADERS = 256  # shard headers read per run to count a live run's steps; beyond, its count is unknown
 
 
 def list_runs(root: str, storage_options: dict | None = None) -> list[dict]:
-    """One row per run under `root`, oldest first: name, url, run_id, framework, status, created, last_step,
+    """One row per run under `root` (at any depth), oldest first: name, url, run_id, framework, status, created,
+    steps (how many steps the run holds in mode train, or in its busiest mode if it has no train steps; the most
+    of any worker; None where unknown), steps_by_mode ({mode: count}), last_step (the latest step of any mode),
     verdicts (fired), no_data, error (why the run could not be read, or None)."""
     import fsspec
 
@@ -53,24 +60,32 @@ def _entries(fs, folder: str) -> dict[str, dict]:
 
 
 def _find(fs, pool, root: str) -> list[tuple[str, dict]]:
-    """(run folder, its entries) for every run at or below `root`, one level at a time; a run's own sub-folders
-    are not searched."""
+    """(run folder, its entries) for every run at or below `root`, one level at a time (the folders of a level
+    listed concurrently, one listing each); a run's own sub-folders are not searched, nor hidden folders."""
+    local = "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
+    seen: set[str] = set()
     runs, level = [], [root]
-    for depth in range(DEPTH + 1):
+    while level:
         deeper = []
         for folder, entries in zip(level, pool.map(lambda f: _entries(fs, f), level)):
             if MANIFEST in entries and entries[MANIFEST].get("type") != "directory":
                 runs.append((folder, entries))
-            elif depth < DEPTH:
-                deeper += [e["name"].rstrip("/") for name, e in sorted(entries.items())
-                           if e.get("type") == "directory" and not name.startswith(".")]
+                continue
+            for name, e in sorted(entries.items()):
+                if e.get("type") != "directory" or name.startswith("."):
+                    continue
+                sub = e["name"].rstrip("/")
+                key = os.path.realpath(sub) if local else sub  # a symlink loop on a local disk is searched once
+                if key not in seen:
+                    seen.add(key)
+                    deeper.append(sub)
         level = deeper
     return runs
 
 
 def _summarise(fs, folder: str, entries: dict) -> dict:
     row = {"folder": folder, "run_id": None, "framework": None, "status": "unreadable", "created": None,
-           "last_step": None, "verdicts": 0, "no_data": 0, "error": None}
+           "steps": None, "steps_by_mode": {}, "last_step": None, "verdicts": 0, "no_data": 0, "error": None}
     try:
         names = [MANIFEST]
         for sub in ("status", "verdicts"):
@@ -97,6 +112,68 @@ def _summarise(fs, folder: str, entries: dict) -> dict:
                    last_step=max(steps, default=None),
                    verdicts=sum(v.get("status") == "fired" for v in verdicts),
                    no_data=sum(v.get("status") == "no_data" for v in verdicts))
+        by_mode = _step_counts(fs, folder, entries, statuses)
+        if by_mode is not None:
+            row["steps_by_mode"] = by_mode
+            row["steps"] = by_mode.get("train", max(by_mode.values(), default=0))
     except Exception as exc:  # noqa: BLE001 - one broken run must not hide the others
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
+
+
+def _step_counts(fs, folder: str, entries: dict, statuses: dict) -> dict[str, int] | None:
+    """{mode: steps} (the most of any worker) from headers alone, or None where that would cost too much.
+
+    Each worker's newest index holds its distinct steps per mode (`rows`); shards written after it (a live run,
+    or one that never wrote an index: a single shard) add theirs. shards/ is listed only where a worker's status
+    says it wrote shards its index does not cover, or where a worker has no index."""
+    indexes: dict[int, tuple[int, str]] = {}  # worker -> (upto, path) of its newest index
+    if "index" in entries:
+        for name in _entries(fs, f"{folder}/index"):
+            m = INDEX_RE.match(name)
+            if m and int(m.group(2)) >= indexes.get(int(m.group(1)), (-1, ""))[0]:
+                indexes[int(m.group(1))] = (int(m.group(2)), f"{folder}/index/{name}")
+    written = {}  # worker -> shards written, as its status says (the next seq)
+    for name, status in statuses.items():
+        stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
+        if stem.isdigit() and isinstance(status.get("shards"), int):
+            written[int(stem)] = status["shards"]
+    covered = bool(written) and all(indexes.get(w, (-1, ""))[0] >= n - 1 for w, n in written.items())
+    shards = []
+    if "shards" in entries and not covered:
+        for name in _entries(fs, f"{folder}/shards"):
+            m = SHARD_RE.match(name)
+            if m and int(m.group(2)) > indexes.get(int(m.group(1)), (-1, ""))[0]:
+                shards.append((int(m.group(1)), f"{folder}/shards/{name}"))
+    if len(shards) > MAX_HEADERS:
+        return None
+    files = [(w, path) for w, (_, path) in indexes.items()] + shards
+    counts: dict[tuple[int, str], int] = {}
+    for (worker, _), rows in zip(files, _rows(fs, [path for _, path in files])):
+        for mode, n in rows.items():
+            counts[(worker, mode)] = counts.get((worker, mode), 0) + n
+    out: dict[str, int] = {}
+    for (_, mode), n in counts.items():
+        out[mode] = max(out.get(mode, 0), n)
+    return dict(sorted(out.items()))
+
+
+def _rows(fs, paths: list[str]) -> list[dict[str, int]]:
+    """The `rows` ({mode: steps}) of each file's header: one ranged read each, a second where a header is longer
+    than the first read; an unreadable file counts nothing."""
+    if not paths:
+        return []
+    out = []
+    prefixes = fs.cat_ranges(paths, [0] * len(paths), [_PREFIX] * len(paths), on_error="return")
+    for path, prefix in zip(paths, prefixes):
+        try:
+            if isinstance(prefix, BaseException):
+                raise prefix
+            n = header_length(prefix)
+            head = prefix[8:8 + n] if len(prefix) >= 8 + n else fs.cat_file(path, start=8, end=8 + n)
+            rows = decode_header(head)[1].get("rows", {})
+            out.append({str(m): int(k) for m, k in rows.items() if isinstance(k, int) and k >= 0}
+                       if isinstance(rows, dict) else {})
+        except (ValueError, OSError, TypeError):
+            out.append({})
+    return out
