@@ -4,7 +4,10 @@ training thread, the index of a folder of runs, and a faulty Lightning run's rep
 import asyncio
 import base64
 import json
+import html
 import os
+import pty
+import re
 import subprocess
 import sys
 import threading
@@ -123,7 +126,8 @@ def test_report_holds_every_section(tmp_path):
     page = (tmp_path / "run" / "report.html").read_text()  # written by the report action at the end
     assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page.split("<body>")[1]
     for text in ("exploding_tensor", "losses/train is not finite", "learning rate", "gradient L2 norm",
-                 "weight L2 norm", "update ratio", "activation zero fraction", 'alt="weights histograms"',
+                 "weight L2 norm", "update ratio", "activation zero fraction",
+                 'alt="weights histograms at steps 0, 6, 12"',
                  'alt="gradients distributions"', "ROC AUC", 'alt="confusion matrix"', "config</summary>"):
         assert text in page, text
     assert page.count("data:image/png;base64,") == 1 + 4 + 2 + 3  # curves, heatmaps, distributions, classification
@@ -180,6 +184,79 @@ def test_report_of_a_folder_of_runs_is_an_index(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "tripwire", "report", str(tmp_path / "nothing")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no tripwire run" in missing.stderr
+
+
+def tripwire_cli(*args, stderr=subprocess.PIPE):
+    return subprocess.run([sys.executable, "-m", "tripwire", *args], stdout=subprocess.PIPE, stderr=stderr,
+                          text=True, timeout=120)
+
+
+def test_cli_report_to_a_file_is_self_contained_with_the_verdict_and_its_hint(tmp_path):
+    run = synthetic_run(str(tmp_path / "run"), nan_at=12)
+    verdict = next(v for v in run.verdicts() if v.fired)
+    target = tmp_path / "elsewhere" / "faulty.html"
+    out = tripwire_cli("report", str(tmp_path / "run"), "-o", str(target))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.strip() == f"report written to {target}"
+    page = target.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    # nothing to fetch: every src and href is an inline image or an anchor in the page, no CSS url(), no script
+    refs = re.findall(r"""\b(?:src|href)\s*=\s*["']?([^"'\s>]*)""", page, flags=re.IGNORECASE)
+    assert refs and all(r.startswith(("data:", "#")) for r in refs), [r[:40] for r in refs]
+    assert sum(r.startswith("data:image/png;base64,") for r in refs) == 10  # the plots, inline
+    assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", page, flags=re.IGNORECASE)
+    assert "url(" not in page and "<script" not in page and "@import" not in page
+    assert verdict.rule == "exploding_tensor" and verdict.step == 12
+    assert html.escape(verdict.message) in page and html.escape(verdict.hint) in page
+    assert 'class="badge stopped"' in page
+
+
+def test_report_steps_choose_the_histogram_steps(tmp_path):
+    run = synthetic_run(str(tmp_path / "run"))  # full weights saved at steps 0..19
+    default = report_html.build_report(run)
+    assert 'alt="weights histograms at steps 0, 10, 19"' in default
+    chosen = report_html.build_report(run, steps=[3, 7, 100])  # 100 is past the end: the last saved step
+    assert 'alt="weights histograms at steps 3, 7, 19"' in chosen and "at steps 0, 10, 19" not in chosen
+    with pytest.raises(ValueError, match="1 to 8 steps"):
+        report_html.build_report(run, steps=[])
+
+    out = tripwire_cli("report", str(tmp_path / "run"), "--steps", "5,15", "-o", str(tmp_path / "r.html"))
+    assert out.returncode == 0, out.stderr
+    assert 'alt="weights histograms at steps 5, 15"' in (tmp_path / "r.html").read_text()
+    bad = tripwire_cli("report", str(tmp_path / "run"), "--steps", "5,x")
+    assert bad.returncode == 2 and "not a comma-separated list of steps" in bad.stderr
+
+
+def test_long_commands_are_silent_off_a_terminal_and_draw_a_bar_on_one(tmp_path):
+    """report, export tensorboard and ls: nothing on stderr when it is a pipe; a progress bar when it is a
+    terminal (a pseudo-terminal here), which shows that the silence comes from the check, not from no bar."""
+    run = str(tmp_path / "root" / "run")
+    synthetic_run(run, steps=8)
+    synthetic_run(str(tmp_path / "root" / "other"), steps=4, only_losses=True)
+    commands = {"report": ["report", run, "-o", str(tmp_path / "r.html")],
+                "export": ["export", "tensorboard", run, str(tmp_path / "tb")],
+                "listing runs": ["ls", str(tmp_path / "root")]}
+    for label, args in commands.items():
+        out = tripwire_cli(*args)
+        assert out.returncode == 0 and out.stderr == "", (args, out.stderr)
+        assert out.stdout
+        leader, follower = pty.openpty()
+        try:
+            on_tty = tripwire_cli(*args, stderr=follower)
+            os.close(follower)
+            drawn = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the writing side is closed and everything was read
+                    break
+                if not chunk:
+                    break
+                drawn += chunk
+        finally:
+            os.close(leader)
+        assert on_tty.returncode == 0
+        assert f"{label} [".encode() in drawn and b"#" in drawn, (args, drawn[-200:])
 
 
 # -- a faulty Lightning run in headless Chromium ------------------------------------------------------------------

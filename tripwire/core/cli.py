@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="a self-contained HTML report of a run (or an index of the runs under a root)")
     rep.add_argument("run", help="a run URL, or a folder of runs")
     rep.add_argument("-o", "--output", help="where to write the HTML (default: report.html in the run)")
+    rep.add_argument("--steps", type=_report_steps, metavar="N,M,…",
+                     help="steps of the weight and gradient histograms, 1 to 8 (each tensor at its saved step "
+                          "nearest to each; default: its first, middle and last saved steps)")
     rep.set_defaults(func=lambda args: _delegate("report", args))
 
     cmp_ = sub.add_parser("compare", help="first step and tensor where two runs diverge; exit 1 if they do")
@@ -108,6 +111,17 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="where the demo runs are stored (default runs/demo)")
     d.set_defaults(func=_demo)
     return p
+
+
+def _report_steps(text: str) -> list[int]:
+    """`report --steps 0,50,100`: a comma-separated list of 1 to 8 steps."""
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of steps, e.g. 0,50,100") from None
+    if not 1 <= len(steps) <= 8:
+        raise argparse.ArgumentTypeError(f"give 1 to 8 steps, not {len(steps)}")
+    return steps
 
 
 def _delegate(verb: str, args) -> int:

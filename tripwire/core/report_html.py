@@ -25,6 +25,7 @@ log = logging.getLogger("tripwire")
 REPORT = "report.html"
 INDEX = "index.html"
 MAX_LAYERS = 8  # layers drawn in the distribution grids
+MAX_STEPS = 8  # histogram columns (steps) per layer
 MAX_PANELS = 12  # metric panels
 MAX_MARKS = 20  # verdict marks on the curves
 MODES_FOR_CLASSIFICATION = ("eval", "predict", "train")
@@ -38,23 +39,25 @@ def cli(args, storage_options: dict) -> int:
     from .store import MANIFEST, Store
 
     if Store(args.run, storage_options).exists(MANIFEST):
-        where = write_report(open_run(args.run, storage_options), args.output, storage_options, progress=True)
+        where = write_report(open_run(args.run, storage_options), args.output, storage_options, progress=True,
+                             steps=getattr(args, "steps", None))
         print(f"report written to {where}")
         return 0
     rows = list_runs(args.run, storage_options)
     if not rows:
         raise RunNotFound(f"no tripwire run at {args.run} and no runs under it (a run is a folder with a "
                           "run.json). `tripwire ls ROOT` lists the runs under a folder.")
-    where = write_index(args.run, rows, args.output, storage_options)
+    where = write_index(args.run, rows, args.output, storage_options, steps=getattr(args, "steps", None))
     print(f"index of {len(rows)} runs written to {where}")
     return 0
 
 
 # -- writing ------------------------------------------------------------------------------------------------------
 def write_report(run, output: str | None = None, storage_options: dict | None = None, verdicts=None,
-                 progress: bool = False) -> str:
-    """Build the run's report and write it to `output` (a path or URL), or to report.html in the run."""
-    text = build_report(run, verdicts, progress).encode()
+                 progress: bool = False, steps=None) -> str:
+    """Build the run's report and write it to `output` (a path or URL), or to report.html in the run.
+    `steps`: the steps of the weight and gradient histograms (see build_report)."""
+    text = build_report(run, verdicts, progress, steps=steps).encode()
     if output is None:
         run.store.put(REPORT, text)
         return run.store.url_of(REPORT)
@@ -72,10 +75,17 @@ def _write(url: str, data: bytes, storage_options: dict | None) -> None:
     fs.pipe_file(path, data)
 
 
-def build_report(run, verdicts=None, progress: bool = False) -> str:
+def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
     """The report of a run as one HTML document. `verdicts` overrides the stored ones (the training process
     knows its newest verdicts before the writer has stored them). `progress`: a bar on a terminal (the CLI's;
-    never from a training process, whose terminal is the user's)."""
+    never from a training process, whose terminal is the user's). `steps`: the steps at which weight and gradient
+    histograms are drawn (each tensor at its saved step nearest to each; default: its first, middle and last
+    saved steps)."""
+    if steps is not None:
+        steps = [int(s) for s in steps]
+        if not 1 <= len(steps) <= MAX_STEPS:
+            raise ValueError(f"steps: give 1 to {MAX_STEPS} steps (got {len(steps)}), or None for the first, "
+                             "middle and last saved steps")
     from . import plots  # matplotlib: only now
 
     verdicts = sorted(run.verdicts() if verdicts is None else verdicts, key=lambda v: (v.step, v.time))
@@ -84,7 +94,7 @@ def build_report(run, verdicts=None, progress: bool = False) -> str:
                 ("verdicts", "Verdicts", lambda: _verdicts(verdicts, info)),
                 ("curves", "Loss and metrics", lambda: _curves(plots, run, verdicts)),
                 ("layers", "Layers over steps", lambda: _heatmaps(plots, run)),
-                ("distributions", "Weight and gradient distributions", lambda: _distributions(plots, run)),
+                ("distributions", "Weight and gradient distributions", lambda: _distributions(plots, run, steps)),
                 ("classification", "Classification", lambda: _classification(plots, run))]
     parts = []
     with Progress(len(sections) if progress else 0, "report") as bar:
@@ -231,20 +241,24 @@ def _matrix(series: dict):
     return steps, matrix, captured
 
 
-def _distributions(plots, run) -> list:
+def _distributions(plots, run, wanted=None) -> list:
     out = []
     for collection in ("weights", "gradients"):
         names = run.tensor_names(collection=collection, mode="train")
         full = [n for n in names if run.tensor(n).steps(mode="train", tensors=True)]
         banded = [n for n in names if {"min", "max", "mean", "std"} & set(run.tensor(n).reductions(mode="train"))]
         if full:
-            cells = []
+            cells, ncols, drawn = [], 3 if wanted is None else len(wanted), set()
             for name in full[:MAX_LAYERS]:
-                chosen = _chosen(run.tensor(name).steps(mode="train", tensors=True))
+                chosen = _chosen(run.tensor(name).steps(mode="train", tensors=True), wanted)
                 cells += [(f"{path_of(name)} @ step {s}", run.tensor(name).value(s, mode="train")) for s in chosen]
-                cells += [None] * (3 - len(chosen))
-            title = f"{collection}: histograms at the first, middle and last saved steps{_first(full)}"
-            out.append(plots.img(plots.histograms(title, cells, ncols=3), f"{collection} histograms"))
+                cells += [None] * (ncols - len(chosen))
+                drawn.update(chosen)
+            at = ("the first, middle and last saved steps" if wanted is None else
+                  f"the saved steps nearest to {', '.join(map(str, wanted))}")
+            title = f"{collection}: histograms at {at}{_first(full)}"
+            alt = f"{collection} histograms at steps {', '.join(map(str, sorted(drawn)))}"
+            out.append(plots.img(plots.histograms(title, cells, ncols=ncols), alt))
         elif banded:
             layers = []
             for name in banded[:MAX_LAYERS]:
@@ -265,9 +279,14 @@ def _first(names: list) -> str:
     return f" (first {MAX_LAYERS} of {len(names)} layers)" if len(names) > MAX_LAYERS else ""
 
 
-def _chosen(steps: list) -> list:
-    """The first, middle and last of the steps (fewer if there are fewer)."""
-    return list(dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]])) if steps else []
+def _chosen(steps: list, wanted: list | None = None) -> list:
+    """The first, middle and last of the steps (fewer if there are fewer); or for each wanted step, the nearest of
+    the steps (the earlier on a tie), each once."""
+    if not steps:
+        return []
+    if wanted is None:
+        return list(dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]]))
+    return list(dict.fromkeys(min(steps, key=lambda s: (abs(s - w), s)) for w in wanted))
 
 
 def _classification(plots, run) -> list:
@@ -335,9 +354,9 @@ def _labels_and_predictions(run):
 
 
 # -- index of runs ------------------------------------------------------------------------------------------------
-def write_index(root: str, rows: list, output: str | None, storage_options: dict | None) -> str:
+def write_index(root: str, rows: list, output: str | None, storage_options: dict | None, steps=None) -> str:
     """Write each run's report into the run, then an index page (root/index.html or `output`) linking them,
-    with the runs' losses overlaid."""
+    with the runs' losses overlaid. `steps`: as for build_report."""
     from . import plots
     from .run import open_run
 
@@ -349,7 +368,7 @@ def write_index(root: str, rows: list, output: str | None, storage_options: dict
             if not note:
                 try:
                     run = open_run(row["url"], storage_options)
-                    link = _link(write_report(run), output)
+                    link = _link(write_report(run, steps=steps), output)
                     train += _loss_lines(run, row["name"], "train")
                     evaluation += _loss_lines(run, row["name"], "eval")
                 except Exception as exc:  # noqa: BLE001 - one unreadable run must not stop the index
@@ -357,6 +376,7 @@ def write_index(root: str, rows: list, output: str | None, storage_options: dict
             name = f'<a href="{_e(link)}">{_e(row["name"])}</a>' if link else _e(row["name"])
             lines.append(f'<tr><td>{name}</td><td>{_e(row["framework"] or "?")}</td>'
                          f'<td><span class="badge {_e(row["status"])}">{_e(row["status"])}</span></td>'
+                         f'<td>{"?" if row.get("steps") is None else row["steps"]}</td>'
                          f'<td>{"-" if row["last_step"] is None else row["last_step"]}</td>'
                          f'<td>{_when(row["created"])}</td><td>{row["verdicts"]}</td>'
                          f'<td>{_e(note or "")}</td></tr>')
@@ -365,7 +385,7 @@ def write_index(root: str, rows: list, output: str | None, storage_options: dict
     plot = plots.img(plots.curves(panels), "loss curves of the runs") if panels else \
         _note("no run holds a loss: nothing to compare.")
     body = ('<section><h2>Runs</h2><table class="runs"><tr><th>run</th><th>framework</th><th>status</th>'
-            "<th>last step</th><th>created</th><th>rules fired</th><th></th></tr>" + "".join(lines)
+            "<th>steps</th><th>last step</th><th>created</th><th>rules fired</th><th></th></tr>" + "".join(lines)
             + f"</table></section><section><h2>Loss curves</h2>{plot}</section>")
     page = _page(f"tripwire runs under {root}", f"<h1>tripwire runs under {_e(root)}</h1>", body)
     _write(output, page.encode(), storage_options)
