@@ -60,11 +60,13 @@ class View:
     def workers(self) -> list[int]:
         return sorted({w for w, _, _ in self._catalog})
 
-    def modes(self) -> list[str]:
-        return sorted({m for _, m, _ in self._catalog})
+    def modes(self, worker: int | None = None) -> list[str]:
+        """Modes with data, of one worker or of any."""
+        return sorted({m for w, m, _ in self._catalog if worker is None or w == worker})
 
-    def collections(self) -> list[str]:
-        return sorted({collection_of(n) for _, _, n in self._catalog})
+    def collections(self, worker: int | None = None) -> list[str]:
+        """Collections with data, of one worker or of any."""
+        return sorted({collection_of(n) for w, _, n in self._catalog if worker is None or w == worker})
 
     def steps(self, mode: str | None = None, worker: int | None = None) -> list[int]:
         """Sorted steps with any data, in a mode (default train), for one worker or all."""
@@ -291,8 +293,9 @@ class _Scoped(View):
     def _name_steps(self, *args):
         return self._base._name_steps(*args)
 
-    def verdicts(self) -> list:
-        return [v for v in getattr(self._base, "verdicts", lambda: [])() if v.step <= self.upto]
+    def verdicts(self, worker: int | None = None) -> list:
+        verdicts = getattr(self._base, "verdicts", lambda **_: [])(worker=worker)
+        return [v for v in verdicts if v.step <= self.upto]
 
 
 def merge_sorted(chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
