@@ -1,7 +1,8 @@
 """A Lightning training run in its own process, for the side-process and crash tests.
 
 usage: train_lightning.py RUN_URL CONFIG_JSON RESULT_JSON [--nan-at STEP] [--sleep S] [--steps N]
-                          [--stall-at STEP --stall-s S]
+                          [--stall-at STEP --stall-s S] [--hold-at STEP --hold-file PATH]
+--hold-at: at the end of that step, wait until PATH exists (the test says when to go on).
 Writes RESULT_JSON with each batch end's wall time, the final global step and the verdicts seen.
 """
 
@@ -28,6 +29,8 @@ args.add_argument("--sleep", type=float, default=0.0)
 args.add_argument("--steps", type=int, default=200)
 args.add_argument("--stall-at", type=int, default=None)
 args.add_argument("--stall-s", type=float, default=0.0)
+args.add_argument("--hold-at", type=int, default=None)
+args.add_argument("--hold-file", default=None)
 a = args.parse_args()
 
 
@@ -37,6 +40,11 @@ class Timeline(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.times[trainer.global_step - 1] = time.time()
         time.sleep(a.sleep + (a.stall_s if trainer.global_step - 1 == a.stall_at else 0.0))
+        if trainer.global_step - 1 == a.hold_at:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(a.hold_file):
+                assert time.monotonic() < deadline, f"{a.hold_file} did not appear"
+                time.sleep(0.01)
 
 
 module = helpers.mlp_module()

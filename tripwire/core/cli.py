@@ -66,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--config")
     w.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to appear (default 60)")
     w.add_argument("--idle-timeout", type=float, default=None, help="give up after this long with nothing new")
-    w.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    w.add_argument("--give-up-after", type=float, default=300.0,
+                   help="seconds of storage errors in a row (retried with backoff) before exiting 2 (default 300)")
+    w.add_argument("--ended-after", type=float, default=30.0,
+                   help="a run whose writers are gone without closing it (status crashed or unknown) counts as "
+                        "ended after this many seconds with nothing new (default 30)")
+    w.add_argument("--quiet", action="store_true", help="print nothing but errors (exit codes unchanged)")
     w.set_defaults(func=_watch)
 
     s = sub.add_parser("show", help="what a run holds")
@@ -169,7 +174,7 @@ def _verdict_exit(verdicts) -> int:
 
 
 def _watch(args) -> int:
-    from .errors import RunNotFound
+    from .errors import RunNotFound, StoreUnavailable
     from .evaluate import watch
 
     deadline = time.monotonic() + args.wait
@@ -177,13 +182,19 @@ def _watch(args) -> int:
         try:
             run = _open(args.run)
             break
-        except RunNotFound:
+        except (RunNotFound, OSError, StoreUnavailable) as exc:  # not there yet, or the store hiccups
             if time.monotonic() > deadline:
-                raise
+                if isinstance(exc, RunNotFound):
+                    raise
+                raise StoreUnavailable(f"could not open {args.run} within {args.wait:g}s: {type(exc).__name__}: "
+                                       f"{exc}") from exc
             time.sleep(0.2)
     say = (lambda v: None) if args.quiet else (lambda v: print(v.describe(), flush=True))
-    verdicts = watch(run, _config(args.config), on_verdict=say, idle_timeout_s=args.idle_timeout)
-    return _verdict_exit(verdicts) if not args.quiet else (1 if any(v.fired for v in verdicts) else 0)
+    verdicts = watch(run, _config(args.config), on_verdict=say, idle_timeout_s=args.idle_timeout,
+                     give_up_s=args.give_up_after, ended_after_s=args.ended_after)
+    if not args.quiet:
+        return _verdict_exit(verdicts)
+    return 1 if any(v.fired for v in verdicts) else (2 if any(v.status == "error" for v in verdicts) else 0)
 
 
 def _show(args) -> int:

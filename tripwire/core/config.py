@@ -65,6 +65,7 @@ class EvaluationConfig:
     where: str = "in_process"  # in_process | side_process
     spawn: bool = False
     poll_s: float = 0.25
+    watcher_timeout_s: float = 60.0  # side_process: warn if no watcher attached (or its heartbeat stops) this long
 
 
 @dataclass(frozen=True)
@@ -244,11 +245,13 @@ def _build(data: Any, c: _Checker) -> Config:
     for i, rid in enumerate(ids):
         if rid in ids[:i]:
             c.fail(("rules", i), f"rule '{rid}' is listed twice; give one of them its own `name:`.")
-    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s"))
+    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s", "watcher_timeout_s"))
     evaluation = EvaluationConfig(
         where=c.choice(ev.get("where", "in_process"), ("evaluation", "where"), ("in_process", "side_process")),
         spawn=_boolean(ev.get("spawn", False), ("evaluation", "spawn"), c),
         poll_s=c.number(ev.get("poll_s", 0.25), ("evaluation", "poll_s"), positive=True),
+        watcher_timeout_s=c.number(ev.get("watcher_timeout_s", 60.0), ("evaluation", "watcher_timeout_s"),
+                                   positive=True),
     )
     wr = c.mapping(data.get("writer"), ("writer",), ("flush_every_s", "max_queue_mb", "on_error", "on_full"))
     writer = WriterConfig(

@@ -38,12 +38,23 @@ class StorageError(TripwireError, OSError):
     """The run store could not be written (raised in training only under `writer.on_error: raise`)."""
 
 
-class RuleFired(TripwireError):
-    """Raised out of training by the `raise` action; `.verdict` is the verdict that fired."""
+class StoreUnavailable(TripwireError):
+    """The run store could not be read or written for longer than the reader retries (`tripwire watch`).
 
-    def __init__(self, verdict):
-        self.verdict = verdict
-        super().__init__(f"rule {verdict.rule} fired at step {verdict.step}: {verdict.message}")
+    Deliberately not an OSError: code that skips a file it cannot parse must not mistake an outage of the
+    store for a bad file, and a rule must not be disabled because the store did not answer."""
+
+
+class RuleFired(TripwireError):
+    """Raised out of training by the `raise` action; `.verdict` is the verdict that fired.
+
+    Under distributed training every rank raises at the same step: `.rank` is the rank whose rule fired
+    (None in a single process)."""
+
+    def __init__(self, verdict, rank: int | None = None):
+        self.verdict, self.rank = verdict, rank
+        where = f" on rank {rank}" if rank is not None else ""
+        super().__init__(f"rule {verdict.rule} fired{where} at step {verdict.step}: {verdict.message}")
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

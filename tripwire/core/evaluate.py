@@ -2,19 +2,34 @@
 
 The same `RuleEngine` the training process uses, reading through the store.
 Rows (worker, mode, step) are evaluated in step order, each exactly once.
+
+The watcher outlives storage hiccups: every read and write of the store is
+retried briefly; an outage longer than that is waited out with backoff (a
+warning says so) and only after `give_up_s` of failing does it give up
+(`StoreUnavailable`, exit 2). It refreshes `watcher/heartbeat.json` in the
+run so that the training process can tell that a watcher is attached. It
+ends when the run's status is final (finished, stopped, failed), or when
+every writer is gone without closing (status crashed or unknown) and
+nothing new arrived for `ended_after_s`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
 import time
 
 from .config import load_config
+from .errors import StoreUnavailable, TripwireError
 from .rules.engine import RuleEngine
 from .store import verdict_name
 
 log = logging.getLogger("tripwire")
-FINAL = ("finished", "stopped", "failed", "crashed")
+FINAL = ("finished", "stopped", "failed")  # the writers closed the run
+GONE = ("crashed", "unknown")  # a writer vanished without closing: ended once nothing new arrives for a while
+HEARTBEAT = "watcher/heartbeat.json"
 
 
 class Evaluator:
@@ -34,16 +49,19 @@ class Evaluator:
                 rows += [(s, mode, worker) for s in self.run.steps(mode=mode, worker=worker) if s > last]
         return sorted(rows)
 
-    def evaluate_new(self, on_verdict=None) -> list:
-        """Evaluate every new row; returns (and passes to on_verdict) the new verdicts."""
+    def evaluate_new(self, on_verdict=None, tick=None) -> list:
+        """Evaluate every new row; returns (and passes to on_verdict) the new verdicts. `tick()` is called
+        after each row (the watcher keeps its heartbeat through a long backlog)."""
         new = []
         for step, mode, worker in self.step_rows():
             for verdict in self.engine.evaluate(self.run, step, mode, worker):
                 new.append(verdict)
+                self.verdicts.append(verdict)  # kept even if a later row fails on a storage error
                 if on_verdict:
                     on_verdict(verdict)
             self.done[(worker, mode)] = step
-        self.verdicts += new
+            if tick:
+                tick()
         return new
 
     def idle(self, on_verdict=None) -> list:
@@ -79,30 +97,171 @@ def check(run, config=None, on_verdict=None) -> list:
     return evaluator.verdicts
 
 
-def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None) -> list:
+class RetryingStore:
+    """The watcher's access to the store: a failing call is retried a few times within a second, then raised
+    as `StoreUnavailable` (which the watcher waits out). A missing object is an answer, not a failure."""
+
+    DELAYS_S = (0.05, 0.2, 0.5)
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):  # url, fs, url_of, …
+        return getattr(self._store, name)
+
+    def _call(self, method: str, *args):
+        for delay in (*self.DELAYS_S, None):
+            try:
+                return getattr(self._store, method)(*args)
+            except (FileNotFoundError, TripwireError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - any other failure of the store is treated as transient
+                if delay is None:
+                    raise StoreUnavailable(f"{self._store.url}: {method} failed: {type(exc).__name__}: {exc}") \
+                        from exc
+                time.sleep(delay)
+
+    def get(self, rel, start=None, end=None) -> bytes:
+        return self._call("get", rel, start, end)
+
+    def list(self, folder) -> dict:
+        return self._call("list", folder)
+
+    def exists(self, rel) -> bool:
+        return self._call("exists", rel)
+
+    def put(self, rel, data) -> None:
+        self._call("put", rel, data)
+
+    def get_json(self, rel):
+        return json.loads(self.get(rel))
+
+    def put_json(self, rel, obj) -> None:
+        self.put(rel, json.dumps(obj, indent=1, allow_nan=False).encode())
+
+
+class Heartbeat:
+    """`watcher/heartbeat.json`: written when the watcher attaches and every `every_s` after, `state: exited`
+    when it ends. The training process judges liveness by the `beat` counter changing, not by clocks."""
+
+    def __init__(self, store, every_s: float):
+        self.store, self.every_s = store, every_s
+        self.body = {"state": "watching", "beat": 0, "started": time.time(), "host": socket.gethostname(),
+                     "pid": os.getpid()}
+        self.next = 0.0
+
+    def tick(self, state: str = "watching") -> None:
+        now = time.monotonic()
+        if now < self.next and state == "watching":
+            return
+        self.next = now + self.every_s
+        self.body.update(state=state, beat=self.body["beat"] + 1, time=time.time())
+        try:
+            self.store.put_json(HEARTBEAT, self.body)
+        except Exception as exc:  # noqa: BLE001 - a missed beat is retried at the next one
+            log.debug("tripwire watch: heartbeat not written: %s", exc)
+
+
+def heartbeat_every(config: dict | None) -> float:
+    """How often the watcher beats: a quarter of the training's `evaluation.watcher_timeout_s`, 0.2 s to 5 s."""
+    timeout = float(((config or {}).get("evaluation") or {}).get("watcher_timeout_s") or 60.0)
+    return min(5.0, max(0.2, timeout / 4))
+
+
+def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None,
+          give_up_s: float = 300.0, ended_after_s: float = 30.0) -> list:
     """Follow a live run until it ends; store each verdict in the run as it is found.
 
-    Returns when the run's status is final (or, with idle_timeout_s, after that long with nothing new)."""
-    evaluator = Evaluator(run, config, source="side_process")
+    Returns when the run's status is final; when every writer is gone without closing (crashed, unknown)
+    and nothing new arrived for `ended_after_s`; or, with idle_timeout_s, after that long with nothing new.
+    Storage errors are retried with backoff; after `give_up_s` of nothing but errors it raises
+    `StoreUnavailable`."""
+    run.store = store = RetryingStore(run.store)
+    pending: list[tuple[str, dict]] = []  # verdicts found but not stored yet (the store may be down)
+    evaluator = beat = None
 
-    def store(verdict):
-        run.store.put_json(verdict_name(verdict.worker, verdict.step, verdict.rule), verdict.to_dict())
+    def keep(verdict):
+        pending.append((verdict_name(verdict.worker, verdict.step, verdict.rule), verdict.to_dict()))
         if on_verdict:
             on_verdict(verdict)
 
+    def store_pending():
+        while pending:
+            store.put_json(*pending[0])
+            pending.pop(0)
+
+    outage_since = None
+    backoff = poll_s
     idle_since = time.monotonic()
-    while True:
-        status = run.info["status"]  # read before the refresh: nothing written before the end is missed
-        if run.refresh() or evaluator.step_rows():
-            evaluator.evaluate_new(store)
-            idle_since = time.monotonic()
-        elif status in FINAL:
-            break
-        elif idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
-            log.warning("tripwire: nothing new in %s for %ss; stopping the watch.", run.url, idle_timeout_s)
-            break
-        else:
-            evaluator.idle(store)
-            time.sleep(poll_s)
-    evaluator.finish(store)
+    gone_since = None
+    try:
+        while True:
+            try:
+                if evaluator is None:
+                    evaluator = Evaluator(run, config, source="side_process")
+                    beat = Heartbeat(store._store, heartbeat_every(run.info.get("config")))
+                beat.tick()
+                store_pending()
+                status = run.info["status"]  # read before the refresh: nothing written before the end is missed
+                fresh = bool(run.refresh() or evaluator.step_rows())
+                if fresh:
+                    evaluator.evaluate_new(keep, beat.tick)
+                    store_pending()
+                    idle_since = time.monotonic()
+                    gone_since = None
+                    ended = False
+                else:
+                    ended = _ended(run, status, idle_since, gone_since, idle_timeout_s, ended_after_s)
+                    gone_since = (gone_since or time.monotonic()) if status in GONE else None
+                    if not ended:
+                        evaluator.idle(keep)
+                        store_pending()
+            except (StoreUnavailable, OSError) as exc:
+                now = time.monotonic()
+                if outage_since is None:
+                    outage_since = now
+                    log.warning("tripwire watch: the store of %s fails (%s); retrying, for up to %gs.", run.url,
+                                exc, give_up_s)
+                elif now - outage_since > give_up_s:
+                    raise StoreUnavailable(f"gave up on {run.url} after {give_up_s:g}s of storage errors; last: "
+                                           f"{exc}. Rerun `tripwire watch` once the store answers again; it "
+                                           "evaluates the run from the start.") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if outage_since is not None:
+                log.warning("tripwire watch: the store of %s answers again after %.1fs.", run.url,
+                            time.monotonic() - outage_since)
+                outage_since, backoff = None, poll_s
+            if ended:
+                break
+            if not fresh:
+                time.sleep(poll_s)
+        evaluator.finish(keep)  # no_data verdicts: judged from what was read, no I/O
+        while pending:  # stored through the same retries
+            try:
+                store_pending()
+            except (StoreUnavailable, OSError) as exc:
+                outage_since = outage_since or time.monotonic()
+                if time.monotonic() - outage_since > give_up_s:
+                    raise StoreUnavailable(f"could not store the last verdicts in {run.url}: {exc}") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+    finally:
+        if beat is not None:
+            beat.tick("exited")
     return evaluator.verdicts
+
+
+def _ended(run, status, idle_since, gone_since, idle_timeout_s, ended_after_s) -> bool:
+    now = time.monotonic()
+    if status in FINAL:
+        return True
+    if status in GONE and gone_since is not None and now - max(gone_since, idle_since) >= ended_after_s:
+        log.warning("tripwire watch: %s is %s (its writers are gone without closing the run) and nothing new "
+                    "arrived for %gs; treating it as ended.", run.url, status, ended_after_s)
+        return True
+    if idle_timeout_s is not None and now - idle_since > idle_timeout_s:
+        log.warning("tripwire: nothing new in %s for %ss; stopping the watch.", run.url, idle_timeout_s)
+        return True
+    return False

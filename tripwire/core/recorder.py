@@ -21,6 +21,7 @@ import time
 from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
+from .evaluate import HEARTBEAT
 from .history import History
 from .naming import collection_of
 from .rules.engine import RuleEngine
@@ -63,7 +64,14 @@ class Recorder:
         self._inbox_lock = threading.Lock()
         self._seen_verdicts: set[str] | None = None
         self._watcher: subprocess.Popen | None = None
-        self._watcher_warned = False
+        self._spawn_warned = False  # the spawned watcher process exited
+        self._watcher_warned = False  # no watcher attached, or its heartbeat stopped (once until one attaches)
+        self._watcher_key: object = "unread"  # what watcher/heartbeat.json said last, and since when (monotonic)
+        self._watcher_beat_at = 0.0
+        self._watcher_attached = False
+        self._watcher_state = None
+        self._watcher_checked = 0.0
+        self._started_at = time.monotonic()
         self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
 
@@ -83,6 +91,7 @@ class Recorder:
                 if m and int(m.group(1)) == self.worker]
         side = self.config.evaluation.where == "side_process"
         ticks = side or self.engine.has_idle_rules
+        self._started_at = time.monotonic()
         self.writer = Writer(self.store, self.worker, self.config.writer, first_seq=max(seqs, default=-1) + 1,
                              poll=self._tick if ticks else None, poll_s=self.config.evaluation.poll_s,
                              status={"world_size": self.world_size})
@@ -176,6 +185,7 @@ class Recorder:
         """Writer thread, every poll_s: pick up the watcher's verdicts, or judge the clock-based rules."""
         if self.engine is None:
             self._poll_store()
+            self._check_heartbeat()
         elif self._last_data is not None:
             for verdict in self.engine.idle(time.time(), self._last_data, self.last_step or 0, self.worker):
                 self.writer.put_verdict(verdict)
@@ -183,12 +193,16 @@ class Recorder:
                     self._inbox.append(verdict)
 
     def _poll_store(self) -> None:
-        """Writer thread: read verdicts the watcher stored that this process has not seen."""
-        names = self.store.list("verdicts")
+        """Writer thread: read verdicts the watcher stored that this process has not seen. Each worker takes
+        only the verdicts about its own data (the name starts with the worker): under `workers: all` a
+        verdict's `call` and `checkpoint` actions run once, on its rank, and `stop`/`raise` reach the
+        other ranks through the plugin's collective decision."""
+        mine = f"{self.worker:05d}-"
+        names = {n for n in self.store.list("verdicts") if n.startswith(mine)}
         if self._seen_verdicts is None:  # what was there before this process started is not news
             self._seen_verdicts = set(names)
             return
-        fresh = sorted(set(names) - self._seen_verdicts)
+        fresh = sorted(names - self._seen_verdicts)
         for name in fresh:
             try:
                 verdict = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
@@ -209,9 +223,55 @@ class Recorder:
             log.warning("tripwire: could not start the side-process watcher (%s); training goes on without rule "
                         "evaluation. Run `tripwire watch %s` yourself.", exc, self.run_url)
 
-    def _check_watcher(self) -> None:
-        if self._watcher is not None and not self._watcher_warned and self._watcher.poll() is not None:
+    def _check_heartbeat(self) -> None:
+        """Writer thread, worker 0: warn once if no watcher attached within evaluation.watcher_timeout_s, and
+        once if the attached one stops refreshing watcher/heartbeat.json for that long or says it exited.
+        One small GET per second at most; a watcher counts as alive while its heartbeat changes, judged by
+        this machine's clock (the watcher's clock does not matter)."""
+        timeout = self.config.evaluation.watcher_timeout_s
+        now = time.monotonic()
+        if self.worker != 0 or now - self._watcher_checked < min(1.0, timeout / 4):
+            return
+        self._watcher_checked = now
+        try:
+            beat = json.loads(self.store.get(HEARTBEAT))
+            key = (beat.get("pid"), beat.get("started"), beat.get("beat"), beat.get("state"))
+        except FileNotFoundError:
+            beat = key = None
+        except (OSError, ValueError, AttributeError):  # storage hiccup or a torn read: judged again next time
+            return
+        if self._watcher_key == "unread":  # the first look: a heartbeat left by a watcher of an earlier session
+            self._watcher_key = key  # (this run resumed) proves nothing until it changes
+            return
+        if key != self._watcher_key:
+            self._watcher_key, self._watcher_beat_at = key, now
+            attached = beat.get("state") == "watching"
+            if attached and self._watcher_warned:
+                log.warning("tripwire: a side-process watcher is attached to %s again.", self.run_url)
+                self._watcher_warned = False
+            self._watcher_attached = self._watcher_attached or attached
+            self._watcher_state = beat.get("state")
+        if self._watcher_warned or self._spawn_warned:
+            return
+        if not self._watcher_attached:
+            if now - self._started_at > timeout:
+                self._watcher_warned = True
+                how = ("the spawned watcher did not start" if self._watcher is not None else
+                       f"run `tripwire watch {self.run_url}` (here or on any machine that reads the store), or set "
+                       "evaluation.spawn: true")
+                log.warning("tripwire: evaluation.where is side_process but no watcher attached to %s within %gs "
+                            "(evaluation.watcher_timeout_s): no rule is evaluated. Training goes on; %s.",
+                            self.run_url, timeout, how)
+        elif self._watcher_state == "exited" or now - self._watcher_beat_at > timeout:
             self._watcher_warned = True
+            what = ("exited" if self._watcher_state == "exited" else
+                    f"stopped refreshing its heartbeat for {timeout:g}s (evaluation.watcher_timeout_s)")
+            log.warning("tripwire: the side-process watcher of %s %s; rules are no longer evaluated. Training "
+                        "goes on. Restart it with `tripwire watch %s`.", self.run_url, what, self.run_url)
+
+    def _check_watcher(self) -> None:
+        if self._watcher is not None and not self._spawn_warned and self._watcher.poll() is not None:
+            self._spawn_warned = True
             log.warning("tripwire: the side-process watcher exited (code %s) while training runs; rules are no "
                         "longer evaluated. Training goes on. Restart it with `tripwire watch %s`.",
                         self._watcher.returncode, self.run_url)

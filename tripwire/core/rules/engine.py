@@ -4,8 +4,10 @@ It evaluates each rule at the steps of the modes the rule looks at, through
 a view scoped to that step, mode and worker. A rule fires at most once per
 worker: its verdict is the first step its condition held. A rule that raises
 gives one `error` verdict and is disabled for the rest of the run; training
-goes on. At the end, a rule that never saw the data it requires gives a
-`no_data` verdict instead of passing silently.
+goes on. An outage of the store (`StoreUnavailable`) is not the rule's fault:
+it propagates to `tripwire watch`, which retries. At the end, a rule that
+never saw the data it requires gives a `no_data` verdict instead of passing
+silently.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import traceback
 from dataclasses import replace
 
+from ..errors import StoreUnavailable
 from ..naming import collection_of
 from ..verdict import Verdict
 
@@ -74,6 +77,8 @@ class RuleEngine:
         slot.evaluated = True
         try:
             verdict = check()
+        except StoreUnavailable:  # the store did not answer: the rule is not at fault; the watcher retries
+            raise
         except Exception as exc:  # noqa: BLE001 - a failing rule must never stop training
             slot.failed = True
             out.append(Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error",
