@@ -1,6 +1,7 @@
 """Lightning DDP with 2 processes on CPU: per-rank shards, one stop for all ranks."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,10 @@ import tripwire
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
 
-def run_ddp(tmp_path, config, *extra):
+def run_ddp(tmp_path, config, *extra, env=None):
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "run"), json.dumps(config),
                            str(tmp_path / "result"), *extra], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -41,3 +42,37 @@ def test_default_captures_rank_zero_only(tmp_path):
     run = tripwire.open_run(rank0["run_url"])
     assert run.workers() == [0] and run.info["world_size"] == 2
     assert run.steps() == [0, 5, 10, 15] and run.info["status"] == "finished"
+
+
+def test_raise_on_one_rank_raises_rule_fired_on_every_rank_at_the_same_step(tmp_path):
+    config = {"workers": "all", "sampling": {"every": 2}, "collections": {"losses": {}},
+              "rules": [{"rule": "exploding_tensor", "params": {"collections": ["losses"]}, "actions": ["raise"]}]}
+    rank0, rank1 = run_ddp(tmp_path, config, "--nan-rank", "1", "--nan-at", "20", "--steps", "60")
+    assert rank0["global_step"] == rank1["global_step"] == 21  # both raised at the end of step 20
+    for outcome in (rank0, rank1):
+        raised = outcome["raised"]
+        assert raised and raised["rule"] == "exploding_tensor" and raised["step"] == 20 and raised["rank"] == 1
+        assert "on rank 1" in raised["message"]
+    assert not rank0["verdicts"] and rank1["verdicts"][0]["step"] == 20
+    run = tripwire.open_run(rank0["run_url"])
+    assert run.info["status"] == "stopped" and {w["state"] for w in run.info["workers"].values()} == {"stopped"}
+    assert [v.worker for v in run.verdicts() if v.fired] == [1]
+
+
+def test_side_process_verdict_is_applied_once_by_its_own_rank(tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    config = {"workers": "all", "sampling": {"every": 1}, "collections": {"losses": {}},
+              "evaluation": {"where": "side_process", "spawn": True}, "writer": {"flush_every_s": 0.2},
+              "rules": [{"rule": "exploding_tensor", "params": {"collections": ["losses"]},
+                         "actions": ["log", {"call": "custom_rules:record"}, "stop"]}]}
+    rank0, rank1 = run_ddp(tmp_path, config, "--nan-rank", "1", "--nan-at", "10", "--hold-at", "10",
+                           "--steps", "200", env={"TRIPWIRE_TEST_CALLS": str(calls)})
+    assert rank0["global_step"] == rank1["global_step"] < 200  # the watcher's verdict stopped both ranks
+    assert [v["worker"] for v in rank1["verdicts"]][:1] == [1]
+    assert all(v["worker"] == 0 for v in rank0["verdicts"])  # each rank takes only its own worker's verdicts
+    called = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [c["worker"] for c in called].count(1) == 1  # `call` ran once, not once per rank
+    assert len({(c["worker"], c["step"], c["rule"]) for c in called}) == len(called)
+    run = tripwire.open_run(rank0["run_url"])
+    assert run.info["status"] == "stopped"
+    assert [v.step for v in run.verdicts(worker=1) if v.fired] == [10]

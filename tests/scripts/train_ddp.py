@@ -1,7 +1,11 @@
 """Two-process Lightning DDP on CPU (gloo), for the multi-rank tests.
 
 usage: train_ddp.py RUN_URL CONFIG_JSON RESULT_PREFIX [--nan-rank R --nan-at STEP] [--steps N]
-Lightning's ddp strategy re-launches this script for rank 1. Each rank writes RESULT_PREFIX-<rank>.json.
+                    [--hold-at STEP]
+Lightning's ddp strategy re-launches this script for rank 1. Each rank writes RESULT_PREFIX-<rank>.json,
+with the RuleFired it raised, if any. --hold-at: every rank waits at the end of that step until the
+side-process watcher has stored a fired verdict and this rank's writer thread has looked at the verdicts
+since (a condition, not a clock).
 """
 
 import argparse
@@ -11,9 +15,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import time  # noqa: E402
+
+import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 
 import helpers  # noqa: E402
+import tripwire  # noqa: E402
 from tripwire.plugins.lightning import TripwireCallback  # noqa: E402
 
 args = argparse.ArgumentParser()
@@ -23,6 +31,7 @@ args.add_argument("result")
 args.add_argument("--nan-rank", type=int, default=None)
 args.add_argument("--nan-at", type=int, default=None)
 args.add_argument("--steps", type=int, default=60)
+args.add_argument("--hold-at", type=int, default=None)
 a = args.parse_args()
 torch.set_num_threads(1)
 
@@ -39,9 +48,37 @@ if a.nan_at is not None:
 
     module.training_step = training_step
 
+class Keep(pl.Callback):
+    """Keeps the trainer (fit raises before returning it when a rule raises) and holds at --hold-at."""
+
+    trainer = None
+
+    def on_train_start(self, trainer, pl_module):
+        Keep.trainer = trainer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step - 1 != a.hold_at:
+            return
+        folder = os.path.join(cb.run_url, "verdicts")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            names = {n for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n[:1].isdigit()}
+            seen = cb._recorder._seen_verdicts if cb._recorder is not None else None
+            mine = {n for n in names if n.startswith(f"{trainer.global_rank:05d}-")}
+            if names and seen is not None and mine <= seen:
+                return
+            time.sleep(0.01)
+        raise AssertionError("no verdict from the watcher within 120 s")
+
+
 cb = TripwireCallback(json.loads(a.config), out_dir=a.run_url)
-trainer = helpers.fit(cb, module, max_epochs=1000, max_steps=a.steps, strategy="ddp", devices=2,
-                      use_distributed_sampler=True)
+raised = None
+try:
+    helpers.fit(cb, module, max_epochs=1000, max_steps=a.steps, strategy="ddp", devices=2,
+                use_distributed_sampler=True, callbacks=[Keep()])
+except tripwire.RuleFired as exc:
+    raised = {"rank": exc.rank, "rule": exc.verdict.rule, "step": exc.verdict.step, "message": str(exc)}
+trainer = Keep.trainer
 with open(f"{a.result}-{trainer.global_rank}.json", "w") as f:
     json.dump({"rank": trainer.global_rank, "global_step": trainer.global_step, "run_url": cb.run_url,
-               "verdicts": [v.to_dict() for v in cb.verdicts]}, f)
+               "verdicts": [v.to_dict() for v in cb.verdicts], "raised": raised}, f)

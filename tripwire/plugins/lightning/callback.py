@@ -10,7 +10,8 @@ sampled (one comparison when it is not); on sampled steps activation hooks
 are registered for that step only, gradients and pre-update parameters are
 reduced in `on_before_optimizer_step`, and `on_train_batch_end` records the
 sample, runs the rules and applies the decision: every rank takes part in
-the decision, so a stop on any rank stops all at the same step.
+the decision, so a stop (or a raise) on any rank stops (raises on) all at the
+same step.
 """
 
 from __future__ import annotations
@@ -177,23 +178,44 @@ class TripwireCallback(*_callback_bases()):
             self._capture.take("labels", "", labels)
 
     def _decide(self, trainer, decision, step: int) -> None:
-        """Agree across ranks (every rank calls this at the same sampled steps) and act."""
+        """Agree across ranks (every rank calls this at the same sampled steps) and act.
+
+        One collective per sampled step (MAX over [stop, checkpoint, raising rank + 1]): a stop on any rank
+        stops all; a checkpoint asked on any rank is written once (Lightning's save_checkpoint is itself
+        collective); a `raise` on any rank raises RuleFired on every rank at the same step, with the
+        verdict broadcast from the rank that fired (`.rank` says which), so no rank waits for the others."""
         if self._recorder is not None:
             decision = (decision.merge(self._recorder.poll()) if decision else self._recorder.poll())
-        stop = bool(decision and (decision.stop or decision.raise_for))
+        stop = bool(decision and decision.stop)
         checkpoint = bool(decision and decision.checkpoint)
+        raise_for = decision.raise_for if decision is not None else None
+        fired_rank = None
         if trainer.world_size > 1:
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-            checkpoint = trainer.strategy.reduce_boolean_decision(checkpoint, all=False)
+            import torch
+
+            flags = torch.tensor([int(stop), int(checkpoint), 0 if raise_for is None else trainer.global_rank + 1],
+                                 device=trainer.strategy.root_device)
+            flags = trainer.strategy.reduce(flags, reduce_op="max").tolist()
+            stop, checkpoint = bool(flags[0]), bool(flags[1])
+            if flags[2]:
+                fired_rank = int(flags[2]) - 1
+                mine = raise_for.to_dict() if raise_for is not None and trainer.global_rank == fired_rank else None
+                shared = trainer.strategy.broadcast(mine, src=fired_rank)
+                if raise_for is not None:
+                    fired_rank = trainer.global_rank  # fired here too: raise this rank's own verdict
+                else:
+                    from tripwire.core.verdict import Verdict
+
+                    raise_for = Verdict.from_dict(shared)
         if checkpoint:
             path = f"{self.run_url}/checkpoints/step{step}.ckpt"
             trainer.save_checkpoint(path)
             log.warning("tripwire: checkpoint written to %s", path)
-        if stop:
+        if stop or raise_for is not None:
             trainer.should_stop = True
             self._state = "stopped"
-        if decision is not None:
-            decision.raise_if_asked()
+        if raise_for is not None:
+            raise RuleFired(raise_for, rank=fired_rank)
 
 
 def _lightning_version(trainer) -> str:
