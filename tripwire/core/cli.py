@@ -267,11 +267,11 @@ def _rules(args) -> int:
     from .rules.registry import rule_class, rule_names
 
     if not args.name:
-        import inspect
+        from .rulesdoc import summary
 
-        for name in rule_names():
-            print(f"{name:30} {(inspect.getdoc(rule_class(name)) or '').splitlines()[0]}")
-        print("\n`tripwire rules NAME` shows a rule's parameters, requirements and hint.")
+        print("\n\n".join(summary(rule_class(name)) for name in rule_names()))
+        print("\n`tripwire rules NAME` shows one rule in full: also what it requires and where its defaults come "
+              "from (docs/rules.md has them all).")
         return 0
     try:
         cls = rule_class(args.name)

@@ -110,19 +110,23 @@ class Config:
         return CapturePlan(_plan_collections(self))
 
 
-def load_config(config: Any = None) -> Config:
-    """A path, a YAML string, a dict, a Config, or None (the packaged default) -> a validated Config."""
+def load_config(config: Any = None, *, check_calls: bool = True) -> Config:
+    """A path, a YAML string, a dict, a Config, or None (the packaged default) -> a validated Config.
+
+    check_calls: import the module of each `call: module:function` action and check that the function is there
+    (the user's own config). Pass False for a config read back from a run (`tripwire check`/`watch`): they never
+    run its actions, and nothing a run names is imported for them."""
     if isinstance(config, Config):
         return config
     if config is None:
         text = resources.files("tripwire").joinpath("rules.yaml").read_text()
         return _from_text(text, "rules.yaml (packaged default)")
     if isinstance(config, Mapping):
-        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}))
+        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}, check_calls))
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if isinstance(config, str) and "\n" in config:
-            return _from_text(config, "<string>")
+            return _from_text(config, "<string>", check_calls)
         if not os.path.exists(path):
             raise ConfigError(
                 f"no config file at '{path}' (working directory {os.getcwd()}). Pass a path to a YAML file, a dict, "
@@ -133,22 +137,22 @@ def load_config(config: Any = None) -> Config:
         if size > MAX_BYTES:
             raise ConfigError(f"the file is {size:,} bytes; a config may hold at most {MAX_BYTES:,}.", source=path)
         with open(path, encoding="utf-8", errors="replace") as f:
-            return _from_text(f.read(), path)
+            return _from_text(f.read(), path, check_calls)
     raise ConfigError(f"config must be a path, a dict, a tripwire.Config or None, not {type(config).__name__}.")
 
 
-def _from_text(text: str, source: str) -> Config:
+def _from_text(text: str, source: str, check_calls: bool = True) -> Config:
     from .yamlsource import load_yaml
 
     data, lines = load_yaml(text, source)
-    return _build(data, _Checker(source, lines))
+    return _build(data, _Checker(source, lines, check_calls))
 
 
 class _Checker:
     """Type and key checks that raise ConfigError at the right file, line and key."""
 
-    def __init__(self, source: str, lines: dict):
-        self.source, self.lines = source, lines
+    def __init__(self, source: str, lines: dict, check_calls: bool = True):
+        self.source, self.lines, self.check_calls = source, lines, check_calls
 
     def fail(self, path: tuple, message: str):
         line = None
@@ -332,6 +336,11 @@ def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec:
     rule_id = c.string(raw.get("name", ref), path + ("name",))
     params = c.mapping(raw.get("params"), path + ("params",), list(cls.parameters()))
     defaults = cls.parameters()
+    for key in cls.required_parameters():
+        if params.get(key) in (None, ""):
+            c.fail(path + ("params", key), f"rule {ref} needs `{key}` in its params: it has no default"
+                   + (f" (e.g. `params: {{{key}: ...}}`; `tripwire rules {ref}` describes it)." if ":" not in ref
+                      else "."))
     for key, given in params.items():
         default = defaults[key]
         if default is not None and not _same_kind(given, default):
@@ -365,11 +374,37 @@ def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
     if isinstance(value, dict):
         raw = c.mapping(value, path, ("call",))
         target = c.string(raw.get("call"), path + ("call",))
-        if ":" not in target:
+        module_name, _, attr = target.partition(":")
+        if not module_name.strip() or not attr.strip():
             c.fail(path + ("call",), f"'{target}' must be 'module:function'.")
+        if c.check_calls:
+            _check_call(target, path + ("call",), c)
         return ActionSpec("call", target)
     name = c.choice(value, path, tuple(a for a in ACTIONS if a != "call"))
     return ActionSpec(name)
+
+
+def _check_call(target: str, path: tuple, c: _Checker) -> None:
+    """The module a `call:` action names imports and holds a callable of that name: found now, not when the rule
+    fires hours into training. Only the module the user's own config names is imported."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    try:
+        module, failure = importlib.import_module(module_name), None
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the config's problem to report
+        module, failure = None, f"{type(exc).__name__}: {exc}"
+    if module is None:
+        c.fail(path, f"cannot import module '{module_name}' for action call '{target}': {failure}. Is it on the "
+                     "Python path of the training process?")
+    function = getattr(module, attr, None)
+    if function is None:
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n]))
+        c.fail(path, f"module '{module_name}' has no '{attr}' for action call '{target}'."
+               + did_you_mean(attr, public))
+    if not callable(function):
+        c.fail(path, f"'{target}' is a {type(function).__name__}, not a function: a `call:` action calls it with "
+                     "the verdict.")
 
 
 def resolved_schedule(config: Config, collection: dict, mode: str) -> Schedule:

@@ -96,10 +96,29 @@ def describe(cls) -> str:
     """A rule as plain text, for `tripwire rules NAME`."""
     rule = cls()
     out = [cls.rule_name(), "", inspect.getdoc(cls) or "", "", f"condition: {cls.condition}", "", "parameters:"]
-    out += [f"  {k} = {v!r}" for k, v in cls.parameters().items()] or ["  (none)"]
+    required = cls.required_parameters()
+    out += [f"  {k} = {v!r}" + (" (required)" if k in required else "") for k, v in cls.parameters().items()] or \
+        ["  (none)"]
     out += ["", "requires:"] + [f"  {line}" for line in requirement_lines(rule)] + [f"  evaluated {_evaluated(cls)}"]
     out += ["", f"hint: {cls.hint}", "", f"source: {cls.source}"]
     return "\n".join(out)
+
+
+def summary(cls, width: int = 100) -> str:
+    """A rule in a few lines, for the `tripwire rules` listing: what it detects, its condition, its parameters
+    with their defaults, and its hint."""
+    import textwrap
+
+    def block(label: str, text: str) -> str:
+        return textwrap.fill(text, width, initial_indent=f"  {label}: ", subsequent_indent="    ",
+                             break_on_hyphens=False, break_long_words=False)
+
+    required = cls.required_parameters()
+    params = ", ".join(f"{k} = {v!r}" + (" (required)" if k in required else "")
+                       for k, v in cls.parameters().items()) or "(none)"
+    first = (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
+    return "\n".join([f"{cls.rule_name()} — {first}", block("condition", cls.condition),
+                      block("parameters", params), block("hint", cls.hint)])
 
 
 def markdown() -> str:
@@ -108,7 +127,9 @@ def markdown() -> str:
     sections = [INTRO]
     for name, cls in builtin_rules().items():
         rule = cls()
-        params = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in cls.parameters().items())
+        required = cls.required_parameters()
+        params = "\n".join(f"| `{k}` | " + ("required" if k in required else f"`{v!r}`") + " |"
+                           for k, v in cls.parameters().items())
         sections.append("\n".join([
             f"## {name}", "", inspect.getdoc(cls) or "", "",
             f"**Condition.** {cls.condition}.".replace("..", "."), "",

@@ -39,6 +39,7 @@ class Rule:
     modes: ClassVar[tuple] = ("train",)  # the modes whose steps the rule is evaluated at
     history: ClassVar[int] = 1  # samples per series the rule looks back over
     idle: ClassVar[bool] = False  # judged by the clock through check_idle, not at steps
+    required: ClassVar[tuple] = ()  # parameters a config must give (beyond those without a default)
 
     @classmethod
     def parameters(cls) -> dict:
@@ -52,6 +53,19 @@ class Rule:
         params = inspect.signature(cls).parameters.values()
         return {p.name: (None if p.default is p.empty else p.default) for p in params
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    @classmethod
+    def required_parameters(cls) -> list:
+        """Parameters a config must give: those named in `required`, and those without a default."""
+        if dataclasses.is_dataclass(cls):
+            missing = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                       and f.default_factory is dataclasses.MISSING]
+        elif cls.__init__ is object.__init__:
+            missing = []
+        else:
+            missing = [p.name for p in inspect.signature(cls).parameters.values()
+                       if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
+        return list(dict.fromkeys([*cls.required, *missing]))
 
     @property
     def params(self) -> dict:

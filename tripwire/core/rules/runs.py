@@ -28,6 +28,7 @@ class SimilarAcrossRuns(Rule):
     name_map: str = ""  # a name map file renaming the reference's tensors into this run's names
 
     name = "similar_across_runs"
+    required = ("reference",)
     modes = ("train", "eval")
     condition = ("at the step evaluated, a tensor of `collections` held by both this run and the `reference` run "
                  "differs beyond tolerance: |a - b| > atol at steps <= switch_step, relative error > rtol after "

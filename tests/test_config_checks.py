@@ -1,0 +1,150 @@
+"""Config mistakes found when the config is loaded, before any training: a `call:` action that names nothing
+callable, a rule without a required parameter. And the default rules.yaml, which names every built-in rule."""
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import helpers
+import tripwire
+from tripwire import ConfigError, Requirement, Rule
+from tripwire.plugins.lightning import TripwireCallback
+
+ROOT = Path(__file__).parents[1]
+
+
+def write(tmp_path, text):
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_call_action_whose_module_does_not_import_fails_at_load(tmp_path):
+    path = write(tmp_path, "rules:\n  - rule: dead_relu\n    actions:\n      - log\n      - call: no_mod:f\n")
+    with pytest.raises(ConfigError, match=r"rules.yaml:5: rules\[0\]\.actions\[1\]\.call: cannot import module "
+                                          r"'no_mod' for action call 'no_mod:f': ModuleNotFoundError"):
+        tripwire.load_config(path)
+    with pytest.raises(ConfigError, match="cannot import module 'no_mod'"):  # the callback: before training
+        TripwireCallback(path, out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("target, error", [
+    ("custom_rules:recrod", r"module 'custom_rules' has no 'recrod' for action call 'custom_rules:recrod'\..*"
+                            r"Did you mean 'record'"),
+    ("custom_rules:json", r"'custom_rules:json' is a module, not a function"),
+    ("custom_rules:", r"'custom_rules:' must be 'module:function'"),
+    ("no_colon", r"'no_colon' must be 'module:function'"),
+])
+def test_call_action_must_name_a_function(tmp_path, target, error):
+    path = write(tmp_path, f"rules:\n  - rule: dead_relu\n    actions: [{{call: '{target}'}}]\n")
+    with pytest.raises(ConfigError, match=r"rules.yaml:3: rules\[0\]\.actions\[0\]\.call: " + error):
+        tripwire.load_config(path)
+
+
+def test_call_action_to_a_function_loads(tmp_path):
+    config = tripwire.load_config({"rules": [{"rule": "dead_relu", "actions": [{"call": "custom_rules:record"}]}]})
+    assert config.rules[0].actions[0].target == "custom_rules:record"
+
+
+def test_a_config_read_back_from_a_run_is_not_imported_for_its_call_actions():
+    """`tripwire check`/`watch` never run actions: a run's stored config loads where its modules are missing."""
+    stored = {"rules": [{"rule": "dead_relu", "actions": [{"call": "no_mod:f"}]}]}
+    config = tripwire.load_config(stored, check_calls=False)
+    assert config.rules[0].actions[0].target == "no_mod:f" and "no_mod" not in sys.modules
+
+
+def test_similar_across_runs_without_reference_fails_at_load(tmp_path):
+    path = write(tmp_path, "version: 1\nrules:\n  - rule: similar_across_runs\n    params: {atol: 0.001}\n")
+    with pytest.raises(ConfigError, match=r"rules.yaml:4: rules\[0\]\.params\.reference: rule similar_across_runs "
+                                          r"needs `reference` in its params: it has no default"):
+        tripwire.load_config(path)
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.params\.reference: rule similar_across_runs needs"):
+        TripwireCallback({"rules": [{"rule": "similar_across_runs", "params": {"reference": ""}}]})
+    config = tripwire.load_config({"rules": [{"rule": "similar_across_runs", "params": {"reference": "runs/a"}}]})
+    assert config.rules[0].params == {"reference": "runs/a"}
+
+
+@dataclass
+class NeedsLimit(Rule):
+    """A user's rule with a parameter that has no default."""
+
+    limit: float
+    window: int = 3
+
+    name = "needs_limit"
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        return None
+
+
+def test_custom_rule_parameter_without_default_is_required_at_load():
+    ref = f"{__name__}:NeedsLimit"
+    assert NeedsLimit.required_parameters() == ["limit"]
+    with pytest.raises(ConfigError, match=rf"rules\[0\]\.params\.limit: rule {ref} needs `limit` in its params: it "
+                                          "has no default"):
+        tripwire.load_config({"rules": [{"rule": ref, "params": {"window": 5}}]})
+    assert tripwire.load_config({"rules": [{"rule": ref, "params": {"limit": 1.0}}]}).rules[0].params == {"limit": 1.0}
+
+
+def test_required_parameters_are_marked_in_the_docs():
+    out = subprocess.run([sys.executable, "-m", "tripwire", "rules", "similar_across_runs"], capture_output=True,
+                         text=True, timeout=60)
+    assert "  reference = '' (required)" in out.stdout
+    assert "| `reference` | required |" in (ROOT / "docs" / "rules.md").read_text()
+
+
+def test_rules_lists_every_rule_with_its_parameters_defaults_condition_and_hint():
+    from tripwire.core.rules.registry import builtin_rules
+
+    out = subprocess.run([sys.executable, "-m", "tripwire", "rules"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    flat = " ".join(out.stdout.split())  # the listing wraps long lines
+    sections = re.split(r"\n\n(?=\S)", out.stdout.strip())
+    assert [s.split(" — ")[0] for s in sections[:-1]] == list(builtin_rules())
+    for name, cls in builtin_rules().items():
+        (section,) = [" ".join(s.split()) for s in sections if s.startswith(f"{name} — ")]
+        assert f"condition: {' '.join(cls.condition.split())}" in section, name
+        assert f"hint: {' '.join(cls.hint.split())}" in section, name
+        for param, default in cls.parameters().items():
+            assert f"{param} = {default!r}" in section, (name, param)
+    assert "threshold = 1e-07" in flat and "ratio_threshold = 70.0, max_norm = 1000.0" in flat
+
+
+def test_default_rules_yaml_names_every_rule_and_its_commented_rules_load():
+    """README says rules.yaml enables some rules and documents the others, commented out: every built-in rule is
+    there, and uncommenting an entry gives a config that loads."""
+    from tripwire.core.rules.registry import rule_names
+
+    text = (ROOT / "rules.yaml").read_text()
+    enabled = [r.rule for r in tripwire.load_config(None).rules]
+    commented = re.findall(r"^  # - rule: (\w+)", text, re.M)
+    assert sorted(enabled + commented) == sorted(rule_names())
+    assert {"tree_depth", "feature_importance_overweight", "confusion"} <= set(commented)
+    entries = re.findall(r"^  # (- rule: \w+.*\n(?:  #   .*\n)*)", text, re.M)
+    assert len(entries) == len(commented)
+    for entry in entries:
+        body = re.sub(r"^  #   ", "    ", entry, flags=re.M)
+        config = tripwire.load_config("rules:\n  " + body)
+        assert config.rules[0].rule in commented
+    readme = (ROOT / "README.md").read_text()
+    for name in commented:
+        assert f"`{name}`" in readme.split("documents the others")[1].split("\n\n")[0], name
+
+
+def test_call_action_checked_at_load_still_runs_when_the_rule_fires(tmp_path, monkeypatch):
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TRIPWIRE_TEST_CALLS", str(calls))
+    config = {"rules": [{"rule": "exploding_tensor", "actions": [{"call": "custom_rules:record"}, "stop"]}],
+              "sampling": {"every": 2}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=1)
+    (line,) = calls.read_text().splitlines()
+    assert '"rule": "exploding_tensor"' in line
