@@ -1,0 +1,33 @@
+"""`tripwire demo`, as a user runs it: the faulty run stops early with its verdict, the healthy run fires nothing."""
+
+import re
+import subprocess
+import sys
+
+import tripwire
+
+
+def test_demo_stops_the_faulty_run_early_and_leaves_the_healthy_one_alone(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tripwire", "demo", "--out", str(tmp_path / "demo")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    rows = {m[0]: m for m in re.findall(r"^(\w+)\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+ steps|-)\s+(\S+)$", text, re.M)}
+    assert set(rows) == {"healthy", "exploding", "dead_relu"}, text
+
+    _, first, fired, steps, planned, saved, url = rows["healthy"]
+    assert (first, fired, saved) == ("nothing", "0", "-") and steps == planned
+    healthy = tripwire.open_run(url)
+    assert healthy.info["status"] == "finished" and not [v for v in healthy.verdicts() if v.fired]
+
+    _, first, fired, steps, planned, saved, url = rows["exploding"]
+    exploding = tripwire.open_run(url)
+    (stop,) = [v for v in exploding.verdicts() if v.rule == "exploding_tensor"]
+    assert exploding.info["status"] == "stopped" and int(steps) == stop.step + 1 < int(planned)
+    assert saved == f"{int(planned) - int(steps)} steps"
+    rule, step = first.split("@")
+    earliest = min(v.step for v in exploding.verdicts() if v.fired)
+    assert int(step) == earliest and rule in {v.rule for v in exploding.verdicts() if v.step == earliest}
+    section = text.split("── exploding:")[1].split("── dead_relu:")[0]
+    assert f"[exploding_tensor] fired at step {stop.step}" in section and "hint:" in section
+    assert f"tripwire show {url}" in text
