@@ -1,5 +1,6 @@
 """The Lightning plugin on real Lightning training: capture, rules firing and not, stop, resume, CLI."""
 
+import csv
 import subprocess
 import sys
 
@@ -148,6 +149,55 @@ def test_checkpoint_action_writes_a_lightning_checkpoint(tmp_path):
     step = fired(cb.run_url)["exploding_tensor"].step
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / f"step{step}.ckpt", weights_only=False)
     assert checkpoint["global_step"] == step + 1 and "state_dict" in checkpoint
+
+
+def test_stop_lets_lightning_finish_validation_checkpoints_and_loggers(tmp_path):
+    """`stop` goes through trainer.should_stop: the end-of-training validation still runs, ModelCheckpoint still
+    writes, the logger still gets its last row; a stop that raised out of fit would skip all three."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    validated = []
+
+    class Validations(pl.Callback):
+        def on_validation_end(self, trainer, pl_module):
+            validated.append((trainer.global_step, "val_loss" in trainer.callback_metrics))
+
+    config = {"sampling": {"every": 3}, "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = helpers.fit(cb, helpers.mlp_module(lr=50.0), max_epochs=3, callbacks=[saver, Validations()],
+                          enable_checkpointing=True, logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1)
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    assert trainer.global_step == verdict.step + 1 < 43 and tripwire.open_run(cb.run_url).info["status"] == "stopped"
+    assert validated == [(verdict.step + 1, True)]  # one validation, after the stop
+    last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == verdict.step + 1 and saver.best_model_path.endswith(f"step={verdict.step + 1}.ckpt")
+    (metrics,) = (tmp_path / "csv").glob("*/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert rows and int(rows[-1]["step"]) == verdict.step and rows[-1]["val_loss"] != ""
+
+
+def test_checkpoint_action_writes_through_fsspec_to_a_memory_run():
+    import uuid
+
+    import fsspec
+
+    url = f"memory://tripwire-tests/{uuid.uuid4().hex}/run"
+    config = {"sampling": {"every": 2}, "rules": [{"rule": "exploding_tensor", "actions": ["checkpoint", "stop"]}]}
+    cb = TripwireCallback(config, out_dir=url)
+    module = helpers.mlp_module(lr=50.0)
+    helpers.fit(cb, module, max_epochs=2)
+    step = fired(cb.run_url)["exploding_tensor"].step
+    fs = fsspec.filesystem("memory")
+    (path,) = fs.glob(f"{url}/checkpoints/*.ckpt")
+    assert path.endswith(f"step{step}.ckpt")
+    with fs.open(path, "rb") as f:
+        checkpoint = torch.load(f, weights_only=False)
+    assert checkpoint["global_step"] == step + 1
+    assert set(checkpoint["state_dict"]) == set(module.state_dict())
+    fs.rm(url.rsplit("/", 1)[0], recursive=True)
 
 
 def test_resume_from_checkpoint_appends_to_the_same_run(tmp_path):
