@@ -81,6 +81,14 @@ def test_on_error_raise_stops_training_with_a_clear_error(flaky, monkeypatch):
         helpers.fit(callback, max_epochs=1, callbacks=[Toggle(flaky, callback, start=5, stop=10_000, hold_s=0.5)])
 
 
+def stored_status(run_dir: Path) -> dict:
+    """The writer's status object as stored (replaced whole by rename, so never read half-written)."""
+    try:
+        return json.loads((run_dir / "status" / "00000.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
 def test_killed_training_leaves_a_readable_run(tmp_path):
     run_dir = tmp_path / "run"
     config = {"collections": {"losses": {}, "weights": {"save": "tensors"}}, "sampling": {"every": 1},
@@ -88,20 +96,70 @@ def test_killed_training_leaves_a_readable_run(tmp_path):
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), json.dumps(config),
                              str(tmp_path / "result.json"), "--sleep", "0.02", "--steps", "100000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list((run_dir / "shards").glob("*.safetensors"))) < 5:
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(10)
+    try:
+        # wait on what the writer says it stored, not on the clock: its status follows each shard it wrote
+        helpers.wait_until(lambda: (stored_status(run_dir).get("last_step") or -1) >= 20 or proc.poll() is not None,
+                           timeout=300)
+        flushed = stored_status(run_dir)["last_step"]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL  # killed mid-run, not finished
     run = tripwire.open_run(str(run_dir))
     assert run.info["status"] == "crashed"
     steps = run.steps()
-    assert len(steps) > 20 and steps == list(range(len(steps)))  # every flushed step, in order
-    last = steps[-1]
-    assert run.tensor("weights/net.0.weight").value(last).shape == (32, 64)
-    assert not run.skipped
-    check = subprocess.run([sys.executable, "-m", "tripwire", "show", str(run_dir)], capture_output=True, text=True)
+    # the loss bound: every step the writer had flushed before the kill reads back, in order; only what was
+    # captured after its last shard (at most writer.flush_every_s of training) can be missing
+    assert steps == list(range(len(steps))) and steps[-1] >= flushed >= 20
+    for step in (0, flushed, steps[-1]):
+        assert run.tensor("weights/net.0.weight").value(step).shape == (32, 64)
+        assert np.isfinite(run.tensor("losses/train").reduction(step))
+    assert not run.skipped  # a shard being written at the kill is a .tmp- file: not a shard, not skipped either
+    check = subprocess.run([sys.executable, "-m", "tripwire", "show", str(run_dir)], capture_output=True, text=True,
+                           timeout=120)
     assert check.returncode == 0 and "status     crashed" in check.stdout
+
+
+DIE_WHILE_WRITING = """
+import os, signal, sys
+import numpy as np
+from tripwire.core.store import Store
+from tripwire.core.writer import Sample, encode_shard
+
+chunks = encode_shard([Sample(3, "train", {"losses/train": {"value": 1.0}},
+                              {"weights/w": np.ones(1 << 20, dtype=np.float32)})], 0, 3)
+
+def die_halfway():
+    yield from chunks[:-1]
+    yield chunks[-1][: len(chunks[-1]) // 2]  # half the tensor: larger than any file buffer, so it reaches the disk
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Store(sys.argv[1]).put("shards/00000-00000003.safetensors", die_halfway())
+"""
+
+
+def test_a_half_written_shard_is_never_visible_as_a_shard(tmp_path):
+    run_dir = tmp_path / "run"
+    recorder = Recorder({"collections": {"losses": {}}, "sampling": {"every": 1}}, run_url=str(run_dir),
+                        framework="test")
+    recorder.start()
+    for step in range(3):
+        recorder.record(step, "train", {"losses/train": {"value": float(step)}})
+    recorder.finish()
+    # a writer killed in the middle of the atomic write leaves what the scheme leaves: a .tmp- file
+    died = subprocess.run([sys.executable, "-c", DIE_WHILE_WRITING, str(run_dir)], timeout=120)
+    assert died.returncode == -signal.SIGKILL
+    (leftover,) = [p for p in (run_dir / "shards").iterdir() if p.name.startswith(".tmp-")]
+    assert leftover.stat().st_size > 1 << 20 and not (run_dir / "shards" / "00000-00000003.safetensors").exists()
+    # and a shard truncated some other way (a copy cut short, a disk that lost its tail) is named like a shard
+    (run_dir / "shards" / "00000-00000004.safetensors").write_bytes(leftover.read_bytes()[:100_000])
+    with pytest.warns(UserWarning) as warned:
+        run = tripwire.open_run(str(run_dir))
+    (message,) = [str(w.message) for w in warned if "skipped" in str(w.message)]
+    assert message.startswith(f"tripwire: skipped {run_dir}/shards/00000-00000004.safetensors: not a readable shard")
+    assert "past the end of the file (100000)" in message
+    assert list(run.skipped) == ["shards/00000-00000004.safetensors"]  # the .tmp- file is not even a candidate
+    assert run.steps() == [0, 1, 2] and run.tensor_names() == ["losses/train"]
 
 
 def test_memory_stays_bounded_when_storage_is_slower_than_capture(flaky):
