@@ -4,9 +4,13 @@ Training hands over `Sample`s with `put()` (O(1); no I/O). The thread writes
 one shard per `flush_every_s` with whatever arrived, with retries and
 backoff. Memory is bounded: bytes accepted but not yet written never exceed
 `max_queue_mb`; past it a sample is dropped (counted) or, with
-`on_full: block`, training waits. When storage fails past the retries the
-shard's steps are counted as lost and, per `on_error`, a warning is given
-(`warn`), nothing (`ignore`), or the next `put()` raises (`raise`).
+`on_full: block`, training waits. On an object store the shard is handed
+over as one bytes object (one PUT): while it is written that copy replaces
+the samples it holds and is counted instead of them. When storage fails past
+the retries the shard's steps are counted as lost and, per `on_error`, a
+warning is given (`warn`), nothing (`ignore`), or the next `put()` raises
+(`raise`). The lost and dropped counts live in the worker's status object;
+a writer that resumes a run starts from the counts stored there.
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ class Writer:
         self.store, self.worker, self.config = store, worker, config
         self.seq = first_seq
         self.shards_written = 0
-        self.dropped_steps = 0
-        self.lost_steps = 0
+        previous = self._previous_status(store, worker)  # a resumed run keeps counting where it left off
+        self.dropped_steps = _count(previous.get("dropped_steps"))
+        self.lost_steps = _count(previous.get("lost_steps"))
         self.error: BaseException | None = None
         self.last_step: int | None = None
         self._status = {"state": "running", "started": time.time(), **host_and_pid(), **(status or {})}
@@ -63,9 +68,22 @@ class Writer:
         self._closing = False
         self._warned_full = False
         self._failing = False
+        self._lost_before_failing = self.lost_steps
         self._write_status()
         self._thread = threading.Thread(target=self._loop, name=f"tripwire-writer-{worker}", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _previous_status(store: Store, worker: int) -> dict:
+        try:
+            previous = store.get_json(status_name(worker))
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:  # noqa: BLE001 - unreadable or storage down: count from zero, and say so
+            log.warning("tripwire: could not read the stored status of worker %d (%s); lost and dropped step "
+                        "counts start from zero.", worker, exc)
+            return {}
+        return previous if isinstance(previous, dict) else {}
 
     # -- training thread ------------------------------------------------------------------------------------------
     def put(self, sample: Sample) -> bool:
@@ -138,12 +156,10 @@ class Writer:
                 else:
                     self._attempt(f"verdict at step {item.step}", lambda v=item: self.store.put_json(
                         verdict_name(v.worker, v.step, v.rule), v.to_dict()))
+            items = item = None  # only the buffer holds the samples now, so a flush can let them go
             now = time.monotonic()
             if buffer and (closing or now >= next_flush or buffered >= FLUSH_BYTES):
-                self._flush(buffer)
-                with self._cond:
-                    self._pending -= buffered
-                    self._cond.notify_all()
+                self._flush(buffer, buffered)
                 buffer, buffered = [], 0
                 next_status = now  # the status follows each shard: readers judge liveness by it
             if buffer == [] and now >= next_flush:
@@ -161,18 +177,38 @@ class Writer:
                 next_status = now + STATUS_EVERY_S
                 self._write_status()
 
-    def _flush(self, samples: list[Sample]) -> None:
+    def _release(self, nbytes: int) -> None:
+        with self._cond:
+            self._pending -= nbytes
+            self._cond.notify_all()
+
+    def _flush(self, samples: list[Sample], nbytes: int) -> None:
+        """Write the samples as one shard; `nbytes` of them are counted in pending_bytes until it is written."""
         steps = {(s.mode, s.step) for s in samples}
+        last = max(s.step for s in samples)
         try:
-            chunks = encode_shard(samples, self.worker, self.seq)
+            data = encode_shard(samples, self.worker, self.seq)
+            if not self.store.local:
+                # An object store takes one PUT of one bytes object: a full copy of the shard. Let the samples
+                # it copies go, and count the copy in their place (at most their size: the shard's header, a
+                # few KiB of JSON, is not counted), so memory stays what pending_bytes says.
+                data = b"".join(data)
+                samples.clear()
+                self._release(max(0, nbytes - len(data)))
+                nbytes = min(nbytes, len(data))
         except Exception as exc:  # noqa: BLE001 - a sample we cannot encode must not kill the writer
-            log.error("tripwire: could not encode %d samples (%s); they are lost.", len(samples), exc)
+            log.error("tripwire: could not encode %d samples (%s); they are lost.", len(steps), exc)
             self.lost_steps += len(steps)
+            self._release(nbytes)
             return
-        if self._attempt(f"shard {self.seq}", lambda: self.store.put(shard_name(self.worker, self.seq), chunks)):
+        rel = shard_name(self.worker, self.seq)
+        written = self._attempt(f"shard {self.seq}", lambda: self.store.put(rel, data))
+        del data  # before the bytes are released: the copy (or the samples' chunks) goes now
+        self._release(nbytes)
+        if written:
             self.seq += 1
             self.shards_written += 1
-            self.last_step = max(s.step for s in samples)
+            self.last_step = last
         else:
             self.lost_steps += len(steps)
 
@@ -183,8 +219,9 @@ class Writer:
                 write()
                 if self._failing:
                     self._failing = False
-                    log.warning("tripwire: storage at %s works again; %d steps were lost meanwhile.",
-                                self.store.url, self.lost_steps)
+                    log.warning("tripwire: storage at %s works again; %d steps were lost meanwhile (%d in all, "
+                                "counted in the run status).", self.store.url,
+                                self.lost_steps - self._lost_before_failing, self.lost_steps)
                     self._write_status()
                 return True
             except Exception as exc:  # noqa: BLE001 - any storage failure is handled the same way
@@ -198,6 +235,8 @@ class Writer:
                     "training goes on; these steps are lost and counted in the run status")
             log.warning("tripwire: could not write %s to %s (%s: %s); %s (writer.on_error=%s).", what,
                         self.store.url, type(error).__name__, error, then, self.config.on_error)
+        if not self._failing:
+            self._lost_before_failing = self.lost_steps
         self._failing = True
         return False
 
@@ -218,6 +257,10 @@ class Writer:
             except Exception as exc:  # noqa: BLE001 - the shards stay readable without the index
                 log.warning("tripwire: could not write the run index (%s); the run reads from its shards.", exc)
         self._write_status()
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def encode_shard(samples: list[Sample], worker: int, seq: int) -> list:
