@@ -400,3 +400,13 @@ def test_an_unexpected_error_in_the_cli_exits_2_with_one_line(monkeypatch, capsy
     assert cli.main(["show", "anything"]) == 2
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and err.rstrip().endswith("for the traceback.")
+
+
+def test_a_call_action_that_raises_is_logged_and_training_goes_on(tmp_path, caplog):
+    # json.loads(verdict) raises TypeError: user code that fails, named by the user's own config
+    config = {"rules": [{"rule": "exploding_tensor", "actions": [{"call": "json:loads"}]}], "sampling": {"every": 2}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=1)
+    assert trainer.global_step == 43 and callback.verdicts  # the rule fired, its action failed, training went on
+    assert "action call json:loads failed for rule exploding_tensor: TypeError" in caplog.text
+    assert tripwire.open_run(callback.run_url).info["status"] == "finished"
