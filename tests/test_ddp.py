@@ -66,7 +66,8 @@ def test_side_process_verdict_is_applied_once_by_its_own_rank(tmp_path):
               "rules": [{"rule": "exploding_tensor", "params": {"collections": ["losses"]},
                          "actions": ["log", {"call": "custom_rules:record"}, "stop"]}]}
     rank0, rank1 = run_ddp(tmp_path, config, "--nan-rank", "1", "--nan-at", "10", "--hold-at", "10",
-                           "--steps", "200", env={"TRIPWIRE_TEST_CALLS": str(calls)})
+                           "--steps", "200",  # the spawned watcher loads the config, so it imports custom_rules too
+                           env={"TRIPWIRE_TEST_CALLS": str(calls), "PYTHONPATH": str(SCRIPT.parent.parent)})
     assert rank0["global_step"] == rank1["global_step"] < 200  # the watcher's verdict stopped both ranks
     assert [v["worker"] for v in rank1["verdicts"]][:1] == [1]
     assert all(v["worker"] == 0 for v in rank0["verdicts"])  # each rank takes only its own worker's verdicts

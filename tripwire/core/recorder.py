@@ -256,9 +256,12 @@ class Recorder:
         if not self._watcher_attached:
             if now - self._started_at > timeout:
                 self._watcher_warned = True
-                how = ("the spawned watcher did not start" if self._watcher is not None else
-                       f"run `tripwire watch {self.run_url}` (here or on any machine that reads the store), or set "
-                       "evaluation.spawn: true")
+                spawned = self._watcher
+                code = spawned.poll() if spawned is not None else None
+                how = (f"run `tripwire watch {self.run_url}` (here or on any machine that reads the store), or set "
+                       "evaluation.spawn: true" if spawned is None else
+                       f"the spawned watcher exited with code {code} (its output says why)" if code is not None else
+                       "the spawned watcher is running but has not attached")
                 log.warning("tripwire: evaluation.where is side_process but no watcher attached to %s within %gs "
                             "(evaluation.watcher_timeout_s): no rule is evaluated. Training goes on; %s.",
                             self.run_url, timeout, how)
