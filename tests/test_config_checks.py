@@ -54,7 +54,7 @@ def test_call_action_to_a_function_loads(tmp_path):
 def test_a_config_read_back_from_a_run_is_not_imported_for_its_call_actions():
     """`tripwire check`/`watch` never run actions: a run's stored config loads where its modules are missing."""
     stored = {"rules": [{"rule": "dead_relu", "actions": [{"call": "no_mod:f"}]}]}
-    config = tripwire.load_config(stored, check_calls=False)
+    config = tripwire.load_config(stored, imports=False)
     assert config.rules[0].actions[0].target == "no_mod:f" and "no_mod" not in sys.modules
 
 

@@ -333,6 +333,46 @@ def test_the_store_holds_no_pickle_and_the_reader_imports_nothing_from_a_run(tmp
     assert "pickle.load" not in source and "allow_pickle=True" not in source
 
 
+RULE_MODULE = """
+import pathlib
+from tripwire import Rule
+
+pathlib.Path(__file__).with_name("imported").write_text("yes")
+
+
+class AlwaysFires(Rule):
+    def requires(self):
+        return []
+
+    def check(self, run, step):
+        return self.fire(step, "fired by the run's own rule")
+"""
+
+
+def test_check_imports_no_custom_rule_a_run_names_unless_trusted(tmp_path):
+    (tmp_path / "run_named_rules.py").write_text(RULE_MODULE)
+    marker, url = tmp_path / "imported", str(tmp_path / "run")
+    sys.path.insert(0, str(tmp_path))
+    try:  # the training process imports what its user's own config names
+        recorder = Recorder({"collections": {"losses": {}}, "rules": [{"rule": "run_named_rules:AlwaysFires"}]},
+                            run_url=url, framework="test")
+    finally:
+        sys.path.remove(str(tmp_path))
+    recorder.start()
+    recorder.record(0, "train", {"losses/train": {"value": 1.0}})
+    recorder.finish()
+    marker.unlink()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    check = [sys.executable, "-m", "tripwire", "check", url]
+    plain = subprocess.run(check, capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "run_named_rules:AlwaysFires" in plain.stderr and "not imported" in plain.stderr
+    assert not marker.exists()  # the module the run names was never imported
+    trusted = subprocess.run(check + ["--trust-run"], capture_output=True, text=True, env=env, timeout=120)
+    assert trusted.returncode == 1 and "fired by the run's own rule" in trusted.stdout, trusted.stderr
+    assert marker.exists()
+
+
 def test_two_readers_and_a_writer_at_once(tmp_path):
     url = str(tmp_path / "run")
     recorder = Recorder({"collections": {"weights": {"reductions": ["l2"]}}, "sampling": {"every": 1},

@@ -42,6 +42,8 @@ def main(argv=None) -> int:
 
 
 DEBUG_ENV = "TRIPWIRE_DEBUG"
+TRUST_HELP = ("import the custom rules the run's stored config names (without it they are left out: code a run "
+              "names is not imported); only for a run you wrote yourself")
 
 
 def _origin(exc: BaseException) -> str:
@@ -59,11 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="evaluate rules over a stored run; exit 1 if any fired")
     c.add_argument("run", help="run URL (a folder, memory://…, s3://…)")
     c.add_argument("--config", help="rule config to use instead of the one stored with the run")
+    c.add_argument("--trust-run", action="store_true", help=TRUST_HELP)
     c.set_defaults(func=_check)
 
     w = sub.add_parser("watch", help="follow a live run, evaluate its rules, store verdicts in it")
     w.add_argument("run")
-    w.add_argument("--config")
+    w.add_argument("--config", help="rule config to use instead of the one stored with the run")
+    w.add_argument("--trust-run", action="store_true", help=TRUST_HELP)
     w.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to appear (default 60)")
     w.add_argument("--idle-timeout", type=float, default=None, help="give up after this long with nothing new")
     w.add_argument("--give-up-after", type=float, default=300.0,
@@ -162,7 +166,7 @@ def _check(args) -> int:
     from .evaluate import check
 
     run = _open(args.run)
-    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe()))
+    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe()), trust_run=args.trust_run)
     return _verdict_exit(verdicts)
 
 
@@ -191,7 +195,7 @@ def _watch(args) -> int:
             time.sleep(0.2)
     say = (lambda v: None) if args.quiet else (lambda v: print(v.describe(), flush=True))
     verdicts = watch(run, _config(args.config), on_verdict=say, idle_timeout_s=args.idle_timeout,
-                     give_up_s=args.give_up_after, ended_after_s=args.ended_after)
+                     give_up_s=args.give_up_after, ended_after_s=args.ended_after, trust_run=args.trust_run)
     if not args.quiet:
         return _verdict_exit(verdicts)
     return 1 if any(v.fired for v in verdicts) else (2 if any(v.status == "error" for v in verdicts) else 0)

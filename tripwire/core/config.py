@@ -83,6 +83,7 @@ class Config:
     workers: str = "zero"
     tensorboard: dict = field(default_factory=dict)
     source: str = "<dict>"
+    left_out: tuple = ()  # custom rules named but not imported: a config read back from a run
 
     def to_dict(self) -> dict:
         """The config as plain data (storage options left out: they may hold credentials)."""
@@ -110,23 +111,24 @@ class Config:
         return CapturePlan(_plan_collections(self))
 
 
-def load_config(config: Any = None, *, check_calls: bool = True) -> Config:
+def load_config(config: Any = None, *, imports: bool = True) -> Config:
     """A path, a YAML string, a dict, a Config, or None (the packaged default) -> a validated Config.
 
-    check_calls: import the module of each `call: module:function` action and check that the function is there
-    (the user's own config). Pass False for a config read back from a run (`tripwire check`/`watch`): they never
-    run its actions, and nothing a run names is imported for them."""
+    imports: the user's own config imports what it names: custom rules (`module:Class`), and the module of each
+    `call: module:function` action, checked now rather than when a rule fires. Pass False for a config read back
+    from a run (`tripwire check`/`watch`): nothing a run names is imported; its custom rules are left out (listed
+    in `Config.left_out`) and its actions, which those commands never run, are not checked."""
     if isinstance(config, Config):
         return config
     if config is None:
         text = resources.files("tripwire").joinpath("rules.yaml").read_text()
         return _from_text(text, "rules.yaml (packaged default)")
     if isinstance(config, Mapping):
-        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}, check_calls))
+        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}, imports))
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if isinstance(config, str) and "\n" in config:
-            return _from_text(config, "<string>", check_calls)
+            return _from_text(config, "<string>", imports)
         if not os.path.exists(path):
             raise ConfigError(
                 f"no config file at '{path}' (working directory {os.getcwd()}). Pass a path to a YAML file, a dict, "
@@ -137,22 +139,23 @@ def load_config(config: Any = None, *, check_calls: bool = True) -> Config:
         if size > MAX_BYTES:
             raise ConfigError(f"the file is {size:,} bytes; a config may hold at most {MAX_BYTES:,}.", source=path)
         with open(path, encoding="utf-8", errors="replace") as f:
-            return _from_text(f.read(), path, check_calls)
+            return _from_text(f.read(), path, imports)
     raise ConfigError(f"config must be a path, a dict, a tripwire.Config or None, not {type(config).__name__}.")
 
 
-def _from_text(text: str, source: str, check_calls: bool = True) -> Config:
+def _from_text(text: str, source: str, imports: bool = True) -> Config:
     from .yamlsource import load_yaml
 
     data, lines = load_yaml(text, source)
-    return _build(data, _Checker(source, lines, check_calls))
+    return _build(data, _Checker(source, lines, imports))
 
 
 class _Checker:
     """Type and key checks that raise ConfigError at the right file, line and key."""
 
-    def __init__(self, source: str, lines: dict, check_calls: bool = True):
-        self.source, self.lines, self.check_calls = source, lines, check_calls
+    def __init__(self, source: str, lines: dict, imports: bool = True):
+        self.source, self.lines, self.imports = source, lines, imports
+        self.left_out: list = []  # custom rules not imported (imports=False)
 
     def fail(self, path: tuple, message: str):
         line = None
@@ -244,7 +247,8 @@ def _build(data: Any, c: _Checker) -> Config:
     raw_collections = c.mapping(data.get("collections"), ("collections",), list(COLLECTIONS))
     for name, body in raw_collections.items():
         collections[name] = _collection(name, body, ("collections", name), c)
-    rules = tuple(_rule(r, ("rules", i), c) for i, r in enumerate(c.listing(data.get("rules"), ("rules",), lambda v, p: v)))
+    rules = tuple(spec for i, r in enumerate(c.listing(data.get("rules"), ("rules",), lambda v, p: v))
+                  if (spec := _rule(r, ("rules", i), c)) is not None)
     ids = [r.id for r in rules]
     for i, rid in enumerate(ids):
         if rid in ids[:i]:
@@ -270,8 +274,8 @@ def _build(data: Any, c: _Checker) -> Config:
         c.string(tb.get("dir"), ("tensorboard", "dir"))
     config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
                     collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
-                    tensorboard=dict(tb), source=c.source)
-    if not _plan_collections(config):
+                    tensorboard=dict(tb), source=c.source, left_out=tuple(c.left_out))
+    if not _plan_collections(config) and not c.left_out:
         c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
                    "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
     return config
@@ -320,7 +324,7 @@ def _collection(name: str, body: Any, path: tuple, c: _Checker) -> dict:
     return out
 
 
-def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec:
+def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
     from .rules.registry import RuleLoadError, rule_class, rule_names
 
     if isinstance(value, str):
@@ -329,6 +333,9 @@ def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec:
     if "rule" not in raw:
         c.fail(path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
     ref = c.string(raw["rule"], path + ("rule",))
+    if ":" in ref and not c.imports:
+        c.left_out.append(ref)
+        return None
     try:
         cls = rule_class(ref)
     except RuleLoadError as exc:
@@ -377,7 +384,7 @@ def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
         module_name, _, attr = target.partition(":")
         if not module_name.strip() or not attr.strip():
             c.fail(path + ("call",), f"'{target}' must be 'module:function'.")
-        if c.check_calls:
+        if c.imports:
             _check_call(target, path + ("call",), c)
         return ActionSpec("call", target)
     name = c.choice(value, path, tuple(a for a in ACTIONS if a != "call"))

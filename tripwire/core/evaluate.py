@@ -33,9 +33,18 @@ HEARTBEAT = "watcher/heartbeat.json"
 
 
 class Evaluator:
-    def __init__(self, run, config=None, source: str = "check"):
+    def __init__(self, run, config=None, source: str = "check", trust_run: bool = False):
+        """config: the user's own rule config; None evaluates the config stored with the run, whose custom rules
+        are imported only with `trust_run` (a run this user wrote: the watcher a training process spawns)."""
         self.run = run
-        self.config = load_config(config if config is not None else run.info.get("config"))
+        if config is None:
+            self.config = load_config(run.info.get("config"), imports=trust_run)
+            if self.config.left_out:
+                log.warning("tripwire: the run's config names custom rules that are not evaluated here: %s. Code a "
+                            "run names is not imported; pass your own rule file with --config, or --trust-run for "
+                            "a run you wrote yourself.", ", ".join(self.config.left_out))
+        else:
+            self.config = load_config(config)
         self.engine = RuleEngine(self.config.rules, source=source)
         self.done: dict[tuple, int] = {}  # (worker, mode) -> last step evaluated
         self.verdicts: list = []
@@ -90,8 +99,8 @@ class Evaluator:
         return out
 
 
-def check(run, config=None, on_verdict=None) -> list:
-    evaluator = Evaluator(run, config, source="check")
+def check(run, config=None, on_verdict=None, trust_run: bool = False) -> list:
+    evaluator = Evaluator(run, config, source="check", trust_run=trust_run)
     evaluator.evaluate_new(on_verdict)
     evaluator.finish(on_verdict)
     return evaluator.verdicts
@@ -169,13 +178,13 @@ def heartbeat_every(config: dict | None) -> float:
 
 
 def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None,
-          give_up_s: float = 300.0, ended_after_s: float = 30.0) -> list:
+          give_up_s: float = 300.0, ended_after_s: float = 30.0, trust_run: bool = False) -> list:
     """Follow a live run until it ends; store each verdict in the run as it is found.
 
     Returns when the run's status is final; when every writer is gone without closing (crashed, unknown)
     and nothing new arrived for `ended_after_s`; or, with idle_timeout_s, after that long with nothing new.
     Storage errors are retried with backoff; after `give_up_s` of nothing but errors it raises
-    `StoreUnavailable`."""
+    `StoreUnavailable`. config and trust_run: as for `Evaluator`."""
     run.store = store = RetryingStore(run.store)
     pending: list[tuple[str, dict]] = []  # verdicts found but not stored yet (the store may be down)
     evaluator = beat = None
@@ -198,7 +207,7 @@ def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s
         while True:
             try:
                 if evaluator is None:
-                    evaluator = Evaluator(run, config, source="side_process")
+                    evaluator = Evaluator(run, config, source="side_process", trust_run=trust_run)
                     beat = Heartbeat(store._store, heartbeat_every(run.info.get("config")))
                 beat.tick()
                 store_pending()

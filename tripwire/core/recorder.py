@@ -217,7 +217,8 @@ class Recorder:
         if self.storage_options:
             env[STORAGE_OPTIONS_ENV] = json.dumps(self.storage_options)
         try:
-            self._watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", self.run_url, "--quiet"],
+            self._watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", self.run_url, "--quiet",
+                                              "--trust-run"],
                                              env=env, stdin=subprocess.DEVNULL)
         except OSError as exc:
             log.warning("tripwire: could not start the side-process watcher (%s); training goes on without rule "
