@@ -351,13 +351,17 @@ class AlwaysFires(Rule):
 
 def test_check_imports_no_custom_rule_a_run_names_unless_trusted(tmp_path):
     (tmp_path / "run_named_rules.py").write_text(RULE_MODULE)
+    training_only = tmp_path / "training_only"  # on the training process's path, not on check's
+    training_only.mkdir()
+    (training_only / "on_fire.py").write_text("def act(verdict):\n    pass\n")
     marker, url = tmp_path / "imported", str(tmp_path / "run")
-    sys.path.insert(0, str(tmp_path))
+    sys.path[:0] = [str(tmp_path), str(training_only)]
     try:  # the training process imports what its user's own config names
-        recorder = Recorder({"collections": {"losses": {}}, "rules": [{"rule": "run_named_rules:AlwaysFires"}]},
-                            run_url=url, framework="test")
+        recorder = Recorder({"collections": {"losses": {}}, "rules": [
+            {"rule": "run_named_rules:AlwaysFires", "actions": ["log", {"call": "on_fire:act"}]}]},
+            run_url=url, framework="test")
     finally:
-        sys.path.remove(str(tmp_path))
+        del sys.path[:2]
     recorder.start()
     recorder.record(0, "train", {"losses/train": {"value": 1.0}})
     recorder.finish()
@@ -369,6 +373,7 @@ def test_check_imports_no_custom_rule_a_run_names_unless_trusted(tmp_path):
     assert "run_named_rules:AlwaysFires" in plain.stderr and "not imported" in plain.stderr
     assert not marker.exists()  # the module the run names was never imported
     trusted = subprocess.run(check + ["--trust-run"], capture_output=True, text=True, env=env, timeout=120)
+    # trusted, the rule runs; the call action, which check never runs, need not be importable here
     assert trusted.returncode == 1 and "fired by the run's own rule" in trusted.stdout, trusted.stderr
     assert marker.exists()
 

@@ -38,7 +38,7 @@ class Evaluator:
         are imported only with `trust_run` (a run this user wrote: the watcher a training process spawns)."""
         self.run = run
         if config is None:
-            self.config = load_config(run.info.get("config"), imports=trust_run)
+            self.config = load_config(_without_actions(run.info.get("config")), imports=trust_run)
             if self.config.left_out:
                 log.warning("tripwire: the run's config names custom rules that are not evaluated here: %s. Code a "
                             "run names is not imported; pass your own rule file with --config, or --trust-run for "
@@ -97,6 +97,14 @@ class Evaluator:
                 on_verdict(verdict)
         self.verdicts += out
         return out
+
+
+def _without_actions(config: dict | None) -> dict | None:
+    """A stored config without its actions: the training process acts on verdicts, never check or watch, so
+    nothing they name (e.g. a `call:` module) has to be importable here."""
+    if not isinstance(config, dict) or not isinstance(config.get("rules"), list):
+        return config
+    return {**config, "rules": [{**r, "actions": []} if isinstance(r, dict) else r for r in config["rules"]]}
 
 
 def check(run, config=None, on_verdict=None, trust_run: bool = False) -> list:
