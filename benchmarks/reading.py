@@ -10,7 +10,6 @@ figures read a copy without the index, as a reader sees a run still training.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys

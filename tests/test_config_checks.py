@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import helpers
 import tripwire
 from tripwire import ConfigError, Requirement, Rule
 from tripwire.plugins.lightning import TripwireCallback
@@ -137,14 +136,3 @@ def test_default_rules_yaml_names_every_rule_and_its_commented_rules_load():
     readme = (ROOT / "README.md").read_text()
     for name in commented:
         assert f"`{name}`" in readme.split("documents the others")[1].split("\n\n")[0], name
-
-
-def test_call_action_checked_at_load_still_runs_when_the_rule_fires(tmp_path, monkeypatch):
-    calls = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("TRIPWIRE_TEST_CALLS", str(calls))
-    config = {"rules": [{"rule": "exploding_tensor", "actions": [{"call": "custom_rules:record"}, "stop"]}],
-              "sampling": {"every": 2}}
-    callback = TripwireCallback(config, out_dir=tmp_path / "run")
-    helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=1)
-    (line,) = calls.read_text().splitlines()
-    assert '"rule": "exploding_tensor"' in line

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-import pytest
 
 import helpers
 import tripwire

@@ -168,12 +168,12 @@ def test_watch_gives_up_after_a_bounded_outage_with_exit_2(tmp_path):
 def test_watch_exit_codes_match_check_also_when_quiet(tmp_path, quiet):
     run_dir = tmp_path / "run"
     recorded_run(run_dir, [{"rule": "custom_rules:Broken"}])  # raises on its second step: an `error` verdict
-    flags = ["--quiet"] if quiet else []
+    flags = ["--trust-run"] + (["--quiet"] if quiet else [])  # the run's own custom rule: ours to import
     watcher = watch_cli(run_dir, *flags)
     out, _ = watcher.communicate(timeout=60)
     assert watcher.returncode == 2, out  # as `check`: 2 when a rule failed and none fired
     assert ("failed" in out) != quiet
-    check = subprocess.run([sys.executable, "-m", "tripwire", "check", str(run_dir)], capture_output=True,
+    check = subprocess.run([sys.executable, "-m", "tripwire", "check", str(run_dir), "--trust-run"], capture_output=True,
                            text=True, env={**os.environ, "PYTHONPATH": str(TESTS)})
     assert check.returncode == 2
 

@@ -15,7 +15,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
 
 import helpers  # noqa: E402
 from tripwire.plugins.lightning import TripwireCallback  # noqa: E402

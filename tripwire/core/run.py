@@ -22,7 +22,7 @@ import numpy as np
 from .errors import RunNotFound, listing
 from .shardfile import Entry, ShardFormatError, decode_header, header_length
 from .shardfile import entry as shard_entry
-from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status, status_name
+from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status
 from .verdict import Verdict
 from .view import View, merge_sorted
 

@@ -16,6 +16,7 @@ a writer that resumes a run starts from the counts stored there.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -202,7 +203,7 @@ class Writer:
             self._release(nbytes)
             return
         rel = shard_name(self.worker, self.seq)
-        written = self._attempt(f"shard {self.seq}", lambda: self.store.put(rel, data))
+        written = self._attempt(f"shard {self.seq}", functools.partial(self.store.put, rel, data))
         del data  # before the bytes are released: the copy (or the samples' chunks) goes now
         self._release(nbytes)
         if written:
