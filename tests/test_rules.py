@@ -319,10 +319,14 @@ def test_custom_rule_from_the_users_module(tmp_path):
         TripwireCallback({"rules": ["custom_rules:record"]})
 
 
-def test_a_rule_that_raises_is_reported_once_and_training_goes_on(tmp_path):
+def test_a_rule_that_raises_is_reported_once_disabled_and_training_goes_on(tmp_path, monkeypatch):
+    import custom_rules
+
+    monkeypatch.setattr(custom_rules.Broken, "evaluations", 0)
     callback = TripwireCallback({"rules": ["custom_rules:Broken"], "sampling": {"every": 5}}, out_dir=tmp_path / "r")
     trainer = helpers.fit(callback, max_epochs=1)
     assert trainer.global_step == 43
+    assert custom_rules.Broken.evaluations == 2  # not evaluated again at the 7 later sampled steps
     (verdict,) = tripwire.open_run(callback.run_url).verdicts()
     assert verdict.status == "error" and verdict.step == 5 and "ZeroDivisionError: bug in a user rule" in \
         verdict.message and "custom_rules.py" in verdict.evidence["traceback"]
