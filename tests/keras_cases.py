@@ -127,6 +127,33 @@ def test_unsampled_steps_run_keras_own_train_function(tmp_path, monkeypatch):
         list(range(0, 43, 4))
 
 
+def test_a_step_that_samples_only_the_loss_takes_the_loss_of_that_step(tmp_path):
+    """On TensorFlow Keras' own train function keeps the loss (no capture function runs for it): the same
+    values as a capture function takes, step by step."""
+    swapped = {}
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.keras_own = self.model.train_function
+
+        def on_train_batch_begin(self, batch, logs=None):
+            swapped[batch] = self.model.train_function is not self.keras_own
+
+    runs = {}
+    for name, collections in (("loss only", {"losses": {"every": 4}}),
+                              ("with gradients", {"losses": {"every": 4}, "gradients": {"every": 4}})):
+        swapped.clear()
+        cb = TripwireCallback({"collections": collections}, out_dir=tmp_path / name.replace(" ", "_"))
+        fit(cb, epochs=1, validation=False, callbacks=[Spy()])
+        runs[name] = tripwire.open_run(cb.run_url).tensor("losses/train").series()
+        if name == "loss only" and keras.backend.backend() == "tensorflow":
+            assert [b for b, s in swapped.items() if s] == [0]  # the first step: Keras' function not traced yet
+    (steps, losses), (steps_g, losses_g) = runs["loss only"], runs["with gradients"]
+    assert steps.tolist() == steps_g.tolist() == list(range(0, 43, 4))
+    np.testing.assert_allclose(losses, losses_g, rtol=1e-6)
+    assert len(set(losses.tolist())) == len(losses)  # a value per step, not one kept from an earlier step
+
+
 def test_full_tensors_are_the_parameters_before_the_update(tmp_path):
     config = {"collections": {"weights": {"save": "tensors"}, "updates": {"save": "tensors"}}, "sampling": {"every": 5}}
     model = mlp()

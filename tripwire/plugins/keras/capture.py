@@ -18,8 +18,11 @@ At most two capture functions are built, each the first time it is needed:
 one that takes only the loss and learning rate (the loss is usually sampled
 most often), and one that takes everything the config can ask for in the
 step; a step that needs less than all of it drops the rest on the host.
-Each costs one more trace and compilation of the train step. Unsampled
-steps run Keras' own function, untouched: the hooks are not in it.
+Each costs one more trace and compilation of the train step. On
+TensorFlow, Keras' own function, traced with the loss hook in place, also
+keeps each step's loss in a variable (one assign), so a step that samples
+only the loss runs no capture function and none is traced for it. Unsampled
+steps run Keras' own function; no other hook is in it.
 
 Captured tensors leave the step by one of three routes: eager tensors (torch,
 `run_eagerly`) are handled at once; TensorFlow graph tensors go out through
@@ -81,12 +84,41 @@ class _LossHook:
     def __init__(self, optimizer):
         self.original = optimizer.scale_loss
         self.capture: StepCapture | None = None
+        self.kept = _KeptLoss() if keras.backend.backend() == "tensorflow" else None
 
     def __call__(self, loss):
         if self.capture is not None:
             self.capture.seen("scale_loss")
             self.capture.emit("losses", "train", loss)
+        elif self.kept is not None:
+            self.kept.keep(loss)
         return self.original(loss)
+
+
+class _KeptLoss:
+    """TensorFlow: Keras' own train function, traced while the loss hook is in place, also writes each step's
+    loss into a variable (one assign in the graph). A step that samples only the loss reads it after the step:
+    no capture function runs, and none is traced for it. Not under a distribution strategy (a plain variable
+    cannot be assigned per replica); there, and until a train function writes it, the capture function takes
+    the loss."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.variable = None if tf.distribute.has_strategy() else tf.Variable(
+            float("nan"), trainable=False, dtype=tf.float32, name="tripwire_loss")
+        self.written = False  # a traced train function writes it
+
+    def keep(self, loss) -> None:
+        import tensorflow as tf
+
+        if self.variable is None or tf.executing_eagerly() or tf.distribute.has_strategy() or loss.shape.rank != 0:
+            return
+        self.variable.assign(tf.cast(loss, tf.float32))
+        self.written = True
+
+    def read(self) -> float:
+        return float(self.variable.numpy())
 
 
 def wrap_optimizer(optimizer):
@@ -142,6 +174,7 @@ class StepCapture:
         self._everything = frozenset(plan.collections) & IN_STEP
         self._emitting: dict = {}  # the plans of the collections the running capture hands over
         self._normal = None
+        self._kept_loss: _KeptLoss | None = None  # this step's loss is read from there
         self._functions: dict = {}  # the collections it captures -> capture function
         self._seen: dict = {}  # same key -> the optimizer hooks that ran in it
         self._original_step = model.train_step
@@ -162,7 +195,8 @@ class StepCapture:
         self.values, self.tensors = {}, {}
         needed = frozenset(self.active) & IN_STEP
         self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
-        if needed:
+        self._kept_loss = self._kept_loss_of() if needed == {"losses"} else None
+        if needed and self._kept_loss is None:
             self._normal = self.model.train_function
             self._set_train_function(self._run)
 
@@ -172,6 +206,11 @@ class StepCapture:
             self._set_train_function(self._normal)
             self._normal = None
             self._warn_without_gradients()
+        if self._kept_loss is not None:
+            self._kept_loss, kept = None, self._kept_loss
+            if self.active["losses"].selects("train"):
+                self._order.setdefault("losses/train", len(self._order))
+                self.values["losses/train"] = {"value": kept.read()}
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         if "optimizer" in self.active and optimizer is not None:
             plan = self.active["optimizer"]
@@ -184,6 +223,12 @@ class StepCapture:
         tensors = self.tensors
         self.active, self.values, self.tensors = {}, {}, {}
         return values, tensors
+
+    def _kept_loss_of(self):
+        """The loss Keras' own train function keeps, where it keeps one (TensorFlow, after its first trace)."""
+        hook = vars(self.model.optimizer).get("scale_loss") if self.model.optimizer is not None else None
+        kept = getattr(hook, "kept", None)
+        return kept if kept is not None and kept.written and not self.model.run_eagerly else None
 
     def close(self) -> None:
         if self._normal is not None:
