@@ -147,7 +147,7 @@ def test_a_step_that_samples_only_the_loss_takes_the_loss_of_that_step(tmp_path)
         fit(cb, epochs=1, validation=False, callbacks=[Spy()])
         runs[name] = tripwire.open_run(cb.run_url).tensor("losses/train").series()
         if name == "loss only" and keras.backend.backend() == "tensorflow":
-            assert [b for b, s in swapped.items() if s] == [0]  # the first step: Keras' function not traced yet
+            assert not any(swapped.values())  # Keras' own function ran every step, the sampled ones too
     (steps, losses), (steps_g, losses_g) = runs["loss only"], runs["with gradients"]
     assert steps.tolist() == steps_g.tolist() == list(range(0, 43, 4))
     np.testing.assert_allclose(losses, losses_g, rtol=1e-6)

@@ -114,3 +114,16 @@ def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, capl
     assert verdict.rule == "vanishing_gradient" and verdict.status == "no_data" and "gradients" in verdict.message
     assert not fired(cb.run_url)
     assert np.isfinite(tripwire.open_run(cb.run_url).tensor("losses/train").series()[1]).all()
+
+
+def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path, caplog):
+    """Keras' own function keeps no loss there: the first loss-only step finds out and falls back on the logs."""
+    keras.utils.set_random_seed(0)
+    model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = TripwireCallback({"collections": {"losses": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="tripwire"):
+        fit(cb, model, epochs=1, validation=False)
+    assert sum("scale_loss" in r.getMessage() for r in caplog.records) == 1
+    steps, losses = tripwire.open_run(cb.run_url).tensor("losses/train").series()
+    assert steps.tolist() == [0, 10, 20, 30, 40] and np.isfinite(losses).all()

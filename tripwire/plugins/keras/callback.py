@@ -28,7 +28,7 @@ import numpy as np
 from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url
 
-from .capture import StepCapture, wrap_optimizer
+from .capture import StepCapture, hook_model
 
 log = logging.getLogger("tripwire")
 
@@ -69,8 +69,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._capture is not None:  # a fit that raised left the capture in place: Keras has no hook for that
             self._capture.close()
         self._open(model)
-        if model.optimizer is not None:
-            wrap_optimizer(model.optimizer)
+        hook_model(model)
         self._sampled = ()
         self._capture = StepCapture(model, self._plan)
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)

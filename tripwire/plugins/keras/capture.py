@@ -108,6 +108,7 @@ class _KeptLoss:
         self.variable = None if tf.distribute.has_strategy() else tf.Variable(
             float("nan"), trainable=False, dtype=tf.float32, name="tripwire_loss")
         self.written = False  # a traced train function writes it
+        self.refused = False  # Keras' function ran a step and did not write it: its train_step calls no scale_loss
 
     def keep(self, loss) -> None:
         import tensorflow as tf
@@ -137,6 +138,20 @@ def wrap_optimizer(optimizer):
         if not isinstance(vars(target).get(method), hook):
             object.__setattr__(target, method, hook(target))  # no attribute tracking: it is not state
     return optimizer
+
+
+def hook_model(model) -> None:
+    """Wrap the model's optimizer. On TensorFlow, when that puts the loss hook in place only now, Keras builds
+    its train function again, so that the function keeps the loss (`_KeptLoss`): before its first call that
+    costs no trace; after a fit without tripwire, one trace, as a capture function would."""
+    optimizer = model.optimizer
+    if optimizer is None:
+        return
+    new = not isinstance(vars(optimizer).get("scale_loss"), _LossHook)
+    wrap_optimizer(optimizer)
+    if new and keras.backend.backend() == "tensorflow" and model.train_function is not None \
+            and not model.run_eagerly:
+        model.make_train_function(force=True)
 
 
 def _hooks_of(optimizer) -> list:
@@ -208,7 +223,9 @@ class StepCapture:
             self._warn_without_gradients()
         if self._kept_loss is not None:
             self._kept_loss, kept = None, self._kept_loss
-            if self.active["losses"].selects("train"):
+            if not kept.written:  # no scale_loss in the train step: the callback falls back on Keras' logs
+                kept.refused = True
+            elif self.active["losses"].selects("train"):
                 self._order.setdefault("losses/train", len(self._order))
                 self.values["losses/train"] = {"value": kept.read()}
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
@@ -225,10 +242,11 @@ class StepCapture:
         return values, tensors
 
     def _kept_loss_of(self):
-        """The loss Keras' own train function keeps, where it keeps one (TensorFlow, after its first trace)."""
+        """The loss Keras' own train function keeps (TensorFlow; traced, if not yet, at the step about to run)."""
         hook = vars(self.model.optimizer).get("scale_loss") if self.model.optimizer is not None else None
         kept = getattr(hook, "kept", None)
-        return kept if kept is not None and kept.written and not self.model.run_eagerly else None
+        usable = kept is not None and kept.variable is not None and not kept.refused and not self.model.run_eagerly
+        return kept if usable else None
 
     def close(self) -> None:
         if self._normal is not None:
