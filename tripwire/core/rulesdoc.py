@@ -70,7 +70,8 @@ class LargeGradient(Rule):
 ```
 
 Name it in the config as `rule: my_project.rules:LargeGradient`. The module is imported only because your
-own config names it; nothing stored in a run is ever imported or executed.
+own config names it; nothing stored in a run is imported or executed (`tripwire check` and `watch` leave
+out the custom rules a run's stored config names, unless you pass `--trust-run` for a run of your own).
 """
 
 
@@ -81,7 +82,7 @@ def requirement_lines(rule) -> list[str]:
         parts = [f"reductions {', '.join(req.reductions)}" if req.reductions else "",
                  "full tensors" if req.save_tensors else "",
                  f"layers matching {', '.join(req.include)}" if req.include else "",
-                 f"also sampled at steps {req.steps[0]}..{req.steps[-1]}" if req.steps else ""]
+                 f"at steps {req.steps[0]}..{req.steps[-1]} only (sampled for it)" if req.steps else ""]
         lines.append(what + "".join(f"; {p}" for p in parts if p))
     return lines
 
