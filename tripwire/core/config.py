@@ -16,14 +16,11 @@ from typing import Any, Mapping
 
 from .errors import ConfigError, did_you_mean
 from .naming import COLLECTIONS, MODES, SCALAR_COLLECTIONS, VALUE
-from .reductions import DEFAULT_REDUCTIONS, REDUCTIONS
-from .sampling import CapturePlan, CollectionPlan, Schedule
+from .plan import plan_collections
+from .reductions import REDUCTIONS
+from .sampling import SCHEDULE_KEYS, CapturePlan
 
 ACTIONS = ("stop", "checkpoint", "log", "report", "raise", "call")
-SCHEDULE_KEYS = ("every", "start", "end", "steps")
-# Evaluation happens once per eval run at the global step it ran at, so eval and
-# predict are sampled every time unless the config says otherwise.
-DEFAULT_MODE_SAMPLING = {"eval": {"every": 1}, "predict": {"every": 1}}
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ class Config:
 
     def plan(self) -> CapturePlan:
         """What to capture: the configured collections plus what the rules require."""
-        return CapturePlan(_plan_collections(self))
+        return CapturePlan(plan_collections(self))
 
 
 def load_config(config: Any = None, *, imports: bool = True) -> Config:
@@ -275,7 +272,7 @@ def _build(data: Any, c: _Checker) -> Config:
     config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
                     collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
                     tensorboard=dict(tb), source=c.source, left_out=tuple(c.left_out))
-    if not _plan_collections(config) and not c.left_out:
+    if not plan_collections(config) and not c.left_out:
         c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
                    "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
     return config
@@ -412,52 +409,3 @@ def _check_call(target: str, path: tuple, c: _Checker) -> None:
     if not callable(function):
         c.fail(path, f"'{target}' is a {type(function).__name__}, not a function: a `call:` action calls it with "
                      "the verdict.")
-
-
-def resolved_schedule(config: Config, collection: dict, mode: str) -> Schedule:
-    """A collection's schedule in a mode: collection-mode > collection > sampling-mode > sampling > defaults."""
-    layers = [config.sampling, DEFAULT_MODE_SAMPLING.get(mode, {}), config.sampling.get("modes", {}).get(mode, {}),
-              collection, collection.get("modes", {}).get(mode, {})]
-    merged: dict = {"every": 100, "start": 0, "end": None, "steps": []}
-    for layer in layers:
-        merged.update({k: layer[k] for k in SCHEDULE_KEYS if k in layer})
-    return Schedule(merged["every"], merged["start"], merged["end"], frozenset(merged["steps"]))
-
-
-def _plan_collections(config: Config) -> dict[str, CollectionPlan]:
-    wanted: dict[str, dict] = {name: dict(body) for name, body in config.collections.items()}
-    everywhere: list = []  # reductions a rule wants on every tensor collection captured
-    windows: dict[str, list] = {}  # collection -> [(steps, reductions)] read only at those steps
-    for spec in config.rules:
-        for req in spec.create().requires():
-            if req.collection == "*":
-                everywhere.extend(req.reductions)
-                continue
-            # a collection that only a rule asks for captures only what the rule needs
-            body = wanted.setdefault(req.collection, {"reductions": [], "include": list(req.include)})
-            body.setdefault("reductions", DEFAULT_REDUCTIONS)
-            if req.steps:  # reductions read only in a window of steps are taken only there
-                windows.setdefault(req.collection, []).append((frozenset(req.steps), tuple(req.reductions)))
-            else:
-                body["reductions"] = [*body["reductions"], *req.reductions]
-            if body.get("include") and req.include:  # patterns widen a selection; no patterns already take all
-                body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
-            if req.save_tensors:
-                body["save"] = "tensors"
-            if req.steps:
-                body["steps"] = sorted({*body.get("steps", ()), *req.steps})
-    plans = {}
-    for name, body in wanted.items():
-        scalar = name in SCALAR_COLLECTIONS
-        reductions = (VALUE,) if scalar else tuple(dict.fromkeys([*body.get("reductions", DEFAULT_REDUCTIONS),
-                                                                   *everywhere]))
-        plans[name] = CollectionPlan(
-            name=name,
-            reductions=reductions,
-            save_tensors=body.get("save") == "tensors" and not scalar,
-            schedules={m: resolved_schedule(config, body, m) for m in MODES},
-            include=tuple(body.get("include", ())),
-            exclude=tuple(body.get("exclude", ())),
-            windows=() if scalar else tuple(windows.get(name, ())),
-        )
-    return plans

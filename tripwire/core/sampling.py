@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 
+SCHEDULE_KEYS = ("every", "start", "end", "steps")  # as a config writes a schedule
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Steps `start, start+every, …` before `end` (exclusive), plus the explicit `steps`. every=0: only `steps`."""

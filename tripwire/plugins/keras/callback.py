@@ -28,7 +28,8 @@ import numpy as np
 from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url
 
-from .capture import StepCapture, hook_model
+from .capture import StepCapture
+from .hooks import hook_model
 
 log = logging.getLogger("tripwire")
 

@@ -46,6 +46,7 @@ from keras import ops
 from tripwire.core.naming import SCALAR_COLLECTIONS, collection_of
 from tripwire.core.reductions import reduce as reduce_numpy
 
+from .hooks import KeptLoss, hooks_of
 from .reduce import COMPUTE as DEVICE_REDUCTIONS
 from .reduce import reduce_ops
 
@@ -57,109 +58,6 @@ IN_STEP = frozenset({"losses", "weights", "biases", "gradients", "updates", "opt
 SCALARS_IN_STEP = frozenset({"losses", "optimizer"})  # cheap enough to get from a capture function of their own
 LOGS_KEY = "__tripwire__"
 OPTIMIZER_CONSTANTS = {"momentum": "momentum", "beta1": "beta_1", "weight_decay": "weight_decay"}
-
-
-class _ApplyHook:
-    """Stands in for an optimizer's `apply`: passes straight through unless a capture is running."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self.original = optimizer.apply
-        self.capture: StepCapture | None = None
-
-    def __call__(self, grads, trainable_variables=None):
-        capture = self.capture
-        if capture is None:
-            return self.original(grads, trainable_variables)
-        variables = list(self.optimizer._trainable_variables if trainable_variables is None else trainable_variables)
-        before = capture.before_update(self.optimizer, grads, variables)
-        result = self.original(grads, trainable_variables)
-        capture.after_update(variables, before)
-        return result
-
-
-class _LossHook:
-    """Stands in for an optimizer's `scale_loss`, which every Keras train step calls with the step's loss."""
-
-    def __init__(self, optimizer):
-        self.original = optimizer.scale_loss
-        self.capture: StepCapture | None = None
-        self.kept = _KeptLoss() if keras.backend.backend() == "tensorflow" else None
-
-    def __call__(self, loss):
-        if self.capture is not None:
-            self.capture.seen("scale_loss")
-            self.capture.emit("losses", "train", loss)
-        elif self.kept is not None:
-            self.kept.keep(loss)
-        return self.original(loss)
-
-
-class _KeptLoss:
-    """TensorFlow: Keras' own train function, traced while the loss hook is in place, also writes each step's
-    loss into a variable (one assign in the graph). A step that samples only the loss reads it after the step:
-    no capture function runs, and none is traced for it. Not under a distribution strategy (a plain variable
-    cannot be assigned per replica); there, and until a train function writes it, the capture function takes
-    the loss."""
-
-    def __init__(self):
-        import tensorflow as tf
-
-        self.variable = None if tf.distribute.has_strategy() else tf.Variable(
-            float("nan"), trainable=False, dtype=tf.float32, name="tripwire_loss")
-        self.written = False  # a traced train function writes it
-        self.refused = False  # Keras' function ran a step and did not write it: its train_step calls no scale_loss
-
-    def keep(self, loss) -> None:
-        import tensorflow as tf
-
-        if self.variable is None or tf.executing_eagerly() or tf.distribute.has_strategy() or loss.shape.rank != 0:
-            return
-        self.variable.assign(tf.cast(loss, tf.float32))
-        self.written = True
-
-    def read(self) -> float:
-        return float(self.variable.numpy())
-
-
-def wrap_optimizer(optimizer):
-    """Let tripwire see the loss and gradients of the steps this optimizer serves; returns the same optimizer.
-
-    Keras gives callbacks neither, so tripwire reads them where every train step
-    hands them to the optimizer: `scale_loss(loss)` and `apply(grads)` (which
-    `apply_gradients` and `stateless_apply` call). `TripwireCallback` wraps
-    `model.optimizer` by itself when training starts; call this only for an
-    optimizer your own `train_step` uses instead of `model.optimizer`. Outside
-    sampled steps the wrappers pass calls straight through; wrapping twice
-    changes nothing.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer: see unscaled gradients
-    for target, method, hook in ((inner, "apply", _ApplyHook), (optimizer, "scale_loss", _LossHook)):
-        if not isinstance(vars(target).get(method), hook):
-            object.__setattr__(target, method, hook(target))  # no attribute tracking: it is not state
-    return optimizer
-
-
-def hook_model(model) -> None:
-    """Wrap the model's optimizer. On TensorFlow, when that puts the loss hook in place only now, Keras builds
-    its train function again, so that the function keeps the loss (`_KeptLoss`): before its first call that
-    costs no trace; after a fit without tripwire, one trace, as a capture function would."""
-    optimizer = model.optimizer
-    if optimizer is None:
-        return
-    new = not isinstance(vars(optimizer).get("scale_loss"), _LossHook)
-    wrap_optimizer(optimizer)
-    if new and keras.backend.backend() == "tensorflow" and model.train_function is not None \
-            and not model.run_eagerly:
-        model.make_train_function(force=True)
-
-
-def _hooks_of(optimizer) -> list:
-    if optimizer is None:
-        return []
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return [hook for hook in (vars(inner).get("apply"), vars(optimizer).get("scale_loss"))
-            if isinstance(hook, (_ApplyHook, _LossHook))]
 
 
 def on_accelerator(model) -> bool:
@@ -189,7 +87,7 @@ class StepCapture:
         self._everything = frozenset(plan.collections) & IN_STEP
         self._emitting: dict = {}  # the plans of the collections the running capture hands over
         self._normal = None
-        self._kept_loss: _KeptLoss | None = None  # this step's loss is read from there
+        self._kept_loss: KeptLoss | None = None  # this step's loss is read from there
         self._functions: dict = {}  # the collections it captures -> capture function
         self._seen: dict = {}  # same key -> the optimizer hooks that ran in it
         self._original_step = model.train_step
@@ -299,7 +197,7 @@ class StepCapture:
         previous = [vars(obj).get(attr) for obj, attr, _ in patches]
         for obj, attr, function in patches:
             object.__setattr__(obj, attr, function)
-        hooks = _hooks_of(self.model.optimizer)
+        hooks = hooks_of(self.model.optimizer)
         for hook in hooks:
             hook.capture = self
         try:
