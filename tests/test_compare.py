@@ -11,7 +11,7 @@ import yaml
 
 import helpers
 import tripwire
-from tripwire.core.compare import load_name_map
+from tripwire.core.namemap import load_name_map
 from tripwire.core.evaluate import check
 from tripwire.core.recorder import Recorder
 from tripwire.plugins.lightning import TripwireCallback

@@ -17,19 +17,17 @@ history), so it imports no ML framework.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 import numpy as np
 
-from .config import _Checker
-from .errors import ConfigError, TripwireError, listing
+from .errors import TripwireError, listing
+from .namemap import load_name_map
 from .naming import MODES, collection_of
 from .run import open_run
 from .view import View
-from .yamlsource import load_yaml
 
 # Reductions in the units of the elements: their relative error is taken against the tensor's largest element,
 # so a mean that sits near zero (the gradient of a softmax layer's bias) is not judged by its own tiny size.
@@ -324,113 +322,3 @@ def _selector(tensors) -> Callable[[str], bool]:
 
 def _open(run, storage_options):
     return run if isinstance(run, View) else open_run(run, storage_options)
-
-
-# -- the name map -----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rename:
-    """B's names that fully match `pattern` become `to` (a re template; None keeps the name). `axes`: B's full
-    values are A's transposed: True reverses the axes, a tuple is numpy.transpose's `axes`, None leaves them."""
-
-    pattern: re.Pattern
-    to: str | None = None
-    axes: tuple | bool | None = None
-    line: int | None = None
-
-
-@dataclass(frozen=True)
-class NameMap:
-    """How run B's tensor names correspond to run A's: renames tried in order, the first that matches wins;
-    a name no rename matches keeps its name."""
-
-    renames: tuple = ()
-    source: str = "<dict>"
-
-    def rename(self, name_b: str) -> tuple[str, Rename | None]:
-        for rule in self.renames:
-            match = rule.pattern.fullmatch(name_b)
-            if match is None:
-                continue
-            try:
-                return (name_b if rule.to is None else match.expand(rule.to)), rule
-            except (re.error, IndexError) as exc:
-                raise ConfigError(f"cannot rename '{name_b}' with '{rule.to}': {exc}.", source=self.source,
-                                  line=rule.line) from None
-        return name_b, None
-
-    def rename_all(self, names_b) -> dict:
-        """{B's name: (A's name, the rename used)}; two of B's names renamed onto one is an error."""
-        out, taken = {}, {}
-        for name_b in names_b:
-            name, rule = self.rename(name_b)
-            if name in taken:
-                raise ConfigError(f"the name map renames both '{taken[name]}' and '{name_b}' of run B to '{name}'; "
-                                  "make the patterns tell them apart.", source=self.source,
-                                  line=rule.line if rule else None)
-            taken[name] = name_b
-            out[name_b] = (name, rule)
-        return out
-
-
-MAP_KEYS = ("rename",)
-RENAME_KEYS = ("from", "to", "transpose")
-
-
-def load_name_map(spec=None) -> NameMap:
-    """A path to a YAML file, a YAML string, a dict, a NameMap, or None (no renames) -> a validated NameMap."""
-    if spec is None or isinstance(spec, NameMap):
-        return spec or NameMap()
-    if isinstance(spec, Mapping):
-        return _build_map(dict(spec), _Checker("<dict>", {}))
-    if not isinstance(spec, (str, os.PathLike)):
-        raise ConfigError(f"a name map is a path, a dict or a NameMap, not {type(spec).__name__}.")
-    source = os.fspath(spec)
-    if "\n" in source:
-        text, source = source, "<string>"
-    elif os.path.isfile(source):
-        with open(source, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    else:
-        raise ConfigError(f"no name map file at '{source}' (working directory {os.getcwd()}).", source=source)
-    data, lines = load_yaml(text, source)
-    return _build_map(data, _Checker(source, lines))
-
-
-def _build_map(data, c) -> NameMap:
-    data = c.mapping(data, (), MAP_KEYS)
-    renames = []
-    for i, raw in enumerate(c.listing(data.get("rename"), ("rename",), lambda v, p: v)):
-        path = ("rename", i)
-        raw = c.mapping(raw, path, RENAME_KEYS)
-        if "from" not in raw:
-            c.fail(path, "each rename needs `from:`, a regex matched against run B's whole tensor name.")
-        pattern = re.compile(c.regex(raw["from"], path + ("from",)))
-        to = raw.get("to")
-        if to is not None:
-            _check_template(c.string(to, path + ("to",)), pattern, path + ("to",), c)
-        renames.append(Rename(pattern, to, _axes(raw.get("transpose", False), path + ("transpose",), c),
-                              c.lines.get(path)))
-    return NameMap(tuple(renames), c.source)
-
-
-def _check_template(to: str, pattern: re.Pattern, path, c) -> None:
-    for ref in re.finditer(r"\\(\d+)|\\g<([^>]*)>", to):
-        group = ref.group(1) or ref.group(2)
-        known = int(group) <= pattern.groups if group.isdigit() else group in pattern.groupindex
-        if not known:
-            named = f", named {', '.join(pattern.groupindex)}" if pattern.groupindex else ""
-            c.fail(path, f"'{to}' refers to group {group}, which '{pattern.pattern}' does not have "
-                         f"({pattern.groups} groups{named}).")
-
-
-def _axes(value, path, c):
-    if value is False:
-        return None
-    if value is True:
-        return True
-    if not isinstance(value, list):
-        c.fail(path, f"expected true, false or a list of axes like [1, 0]; got {type(value).__name__} {value!r}.")
-    axes = tuple(c.integer(v, path + (i,), minimum=0) for i, v in enumerate(value))
-    if sorted(axes) != list(range(len(axes))):
-        c.fail(path, f"{list(axes)} is not a permutation: list each axis 0..{len(axes) - 1} once.")
-    return axes

@@ -50,7 +50,8 @@ class SimilarAcrossRuns(Rule):
         return [Requirement(c, () if c in SCALAR_COLLECTIONS else DEFAULT_REDUCTIONS) for c in self.collections]
 
     def check(self, run, step):
-        from ..compare import compare, load_name_map
+        from ..compare import compare
+        from ..namemap import load_name_map
         from ..run import open_run
 
         if not self.reference:
