@@ -1,4 +1,4 @@
-"""`tripwire report`: one self-contained HTML file per run, and an index page over a folder of runs.
+"""`tripwire report`: one self-contained HTML file per run (the index over a folder of runs: report_index.py).
 
 The file needs nothing but a browser: styles are inline, plots are inline
 PNGs (see plots.py), and there is no script. A section the run has no data
@@ -12,12 +12,12 @@ from __future__ import annotations
 import html
 import json
 import logging
-import os
 import threading
 import time
 
 import numpy as np
 
+from .htmlpage import escape, note, page, when, write_url
 from .naming import VALUE, collection_of, path_of
 from .progress import Progress
 
@@ -47,6 +47,8 @@ def cli(args, storage_options: dict) -> int:
     if not rows:
         raise RunNotFound(f"no tripwire run at {args.run} and no runs under it (a run is a folder with a "
                           "run.json). `tripwire ls ROOT` lists the runs under a folder.")
+    from .report_index import write_index
+
     where = write_index(args.run, rows, args.output, storage_options, steps=getattr(args, "steps", None))
     print(f"index of {len(rows)} runs written to {where}")
     return 0
@@ -61,18 +63,8 @@ def write_report(run, output: str | None = None, storage_options: dict | None = 
     if output is None:
         run.store.put(REPORT, text)
         return run.store.url_of(REPORT)
-    _write(output, text, storage_options)
+    write_url(output, text, storage_options)
     return output
-
-
-def _write(url: str, data: bytes, storage_options: dict | None) -> None:
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    parent = path.rsplit("/", 1)[0] if "/" in path else ""
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    fs.pipe_file(path, data)
 
 
 def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
@@ -103,15 +95,15 @@ def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
                 body = make()
             except Exception as exc:  # noqa: BLE001 - one section that cannot be drawn must not lose the others
                 log.warning("tripwire: report section %r failed: %s: %s", title, type(exc).__name__, exc)
-                body = [_note(f"this section could not be drawn: {type(exc).__name__}: {exc}")]
+                body = [note(f"this section could not be drawn: {type(exc).__name__}: {exc}")]
             parts.append(f'<section id="{anchor}"><h2>{title}</h2>{"".join(body)}</section>')
             bar.update()
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t, _ in sections)
     fired = sum(v.fired for v in verdicts)
     status = f'<span class="badge {html.escape(info["status"])}">{html.escape(info["status"])}</span>'
-    head = (f"<h1>tripwire report: {_e(info.get('run_id') or run.url)} {status}</h1>"
-            f'<p class="sub">{_e(run.url)} · {fired} rule(s) fired</p><nav>{nav}</nav>')
-    return _page(f"tripwire report: {info.get('run_id') or run.url}", head, "".join(parts))
+    head = (f"<h1>tripwire report: {escape(info.get('run_id') or run.url)} {status}</h1>"
+            f'<p class="sub">{escape(run.url)} · {fired} rule(s) fired</p><nav>{nav}</nav>')
+    return page(f"tripwire report: {info.get('run_id') or run.url}", head, "".join(parts))
 
 
 # -- sections -----------------------------------------------------------------------------------------------------
@@ -123,7 +115,7 @@ def _summary(run, info: dict, verdicts: list) -> list:
     framework, version = str(info.get("framework")), str(info.get("framework_version", ""))
     rows = [("framework", version if version.startswith(framework) else f"{framework} {version}"),
             ("status", info["status"]),
-            ("created", _when(info.get("created"))),
+            ("created", when(info.get("created"))),
             ("tripwire", info.get("tripwire_version")),
             ("workers", f"world size {info.get('world_size', 1)}; with data: {', '.join(map(str, run.workers()))}")]
     for mode in run.modes():
@@ -140,23 +132,23 @@ def _summary(run, info: dict, verdicts: list) -> list:
                                        for s in ("fired", "no_data", "error"))))
     rows += [(key, value if isinstance(value, str) else json.dumps(value, default=str))
              for key, value in info.items() if key not in known]
-    table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     config = yaml.safe_dump(info.get("config", {}), sort_keys=False, default_flow_style=None, width=100)
     return [f'<table class="summary">{table}</table>',
-            f"<details><summary>config</summary><pre>{_e(config)}</pre></details>"]
+            f"<details><summary>config</summary><pre>{escape(config)}</pre></details>"]
 
 
 def _verdicts(verdicts: list, info: dict) -> list:
     if not verdicts:
         rules = ", ".join(r.get("name", r["rule"]) for r in info.get("config", {}).get("rules", [])) or "none"
-        return [_note(f"no verdicts: no rule fired (rules configured: {rules}).")]
+        return [note(f"no verdicts: no rule fired (rules configured: {rules}).")]
     rows = []
     for v in verdicts:
         evidence = json.dumps(v.to_dict()["evidence"], separators=(", ", ": ")) if v.evidence else ""
-        rows.append(f'<tr class="{_e(v.status)}"><td>{v.step}</td><td>{_e(v.mode)} / {v.worker}</td>'
-                    f"<td><b>{_e(v.rule)}</b><br><small>{_e(v.status)} · {_e(v.source)}</small></td>"
-                    f'<td>{_e(v.message)}{f"<pre>{_e(evidence)}</pre>" if evidence else ""}</td>'
-                    f"<td>{_e(v.hint)}</td></tr>")
+        rows.append(f'<tr class="{escape(v.status)}"><td>{v.step}</td><td>{escape(v.mode)} / {v.worker}</td>'
+                    f"<td><b>{escape(v.rule)}</b><br><small>{escape(v.status)} · {escape(v.source)}</small></td>"
+                    f'<td>{escape(v.message)}{f"<pre>{escape(evidence)}</pre>" if evidence else ""}</td>'
+                    f"<td>{escape(v.hint)}</td></tr>")
     return ['<table class="verdicts"><tr><th>step</th><th>mode / worker</th><th>rule</th><th>message and evidence'
             "</th><th>hint</th></tr>" + "".join(rows) + "</table>"]
 
@@ -178,7 +170,7 @@ def _curves(plots, run, verdicts: list) -> list:
             else:
                 metrics.setdefault(name, []).append(line)
     if not losses and not metrics:
-        return [_note("no losses or metrics were captured: add `losses: {}` (and `metrics: {}`) to `collections`.")]
+        return [note("no losses or metrics were captured: add `losses: {}` (and `metrics: {}`) to `collections`.")]
     marks = list(dict.fromkeys((v.step, v.rule) for v in verdicts if v.fired))[:MAX_MARKS]
     panels = ([("loss", losses)] if losses else []) + list(metrics.items())[:MAX_PANELS]
     return [plots.img(plots.curves(panels, marks), "loss and metric curves")]
@@ -198,14 +190,14 @@ def _heatmaps(plots, run) -> list:
         names = [n for n in run.tensor_names(collection=collection, mode="train")
                  if reduction in run.tensor(n).reductions(mode="train")]
         if not names:
-            out.append(_note(f"{title}: not captured (needs collection `{collection}` with reduction "
+            out.append(note(f"{title}: not captured (needs collection `{collection}` with reduction "
                              f"`{reduction}`)."))
             continue
         series = {n: run.tensor(n).series(reduction, mode="train") for n in names}
         if collection == "updates":
             series = _update_ratios(run, series)
             if not series:
-                out.append(_note(f"{title}: `updates` were captured but not the L2 norm of their weights."))
+                out.append(note(f"{title}: `updates` were captured but not the L2 norm of their weights."))
                 continue
         steps, matrix, captured = _matrix(series)
         fig = plots.heatmap(title, [path_of(n) for n in series], steps, matrix, captured, label, log_scale)
@@ -270,7 +262,7 @@ def _distributions(plots, run, wanted=None) -> list:
             title = f"{collection}: min..max and mean ± std over steps (from reductions; no full tensors saved)"
             out.append(plots.img(plots.bands(title + _first(banded), layers), f"{collection} distributions"))
         else:
-            out.append(_note(f"{collection}: not captured (save full tensors with `save: tensors`, or capture the "
+            out.append(note(f"{collection}: not captured (save full tensors with `save: tensors`, or capture the "
                              "reductions min, mean, std, max)."))
     return out
 
@@ -294,7 +286,7 @@ def _classification(plots, run) -> list:
 
     found = _labels_and_predictions(run)
     if isinstance(found, str):
-        return [_note(found)]
+        return [note(found)]
     mode, step, data = found
     y, classes = data["y"], data["classes"]
     binary = data["rank"].shape[1] == 1
@@ -353,67 +345,6 @@ def _labels_and_predictions(run):
     return reason
 
 
-# -- index of runs ------------------------------------------------------------------------------------------------
-def write_index(root: str, rows: list, output: str | None, storage_options: dict | None, steps=None) -> str:
-    """Write each run's report into the run, then an index page (root/index.html or `output`) linking them,
-    with the runs' losses overlaid. `steps`: as for build_report."""
-    from . import plots
-    from .run import open_run
-
-    output = output or f"{root.rstrip('/')}/{INDEX}"
-    train, evaluation, lines = [], [], []
-    with Progress(len(rows), "reports") as bar:
-        for row in rows:
-            link, note = None, row.get("error")
-            if not note:
-                try:
-                    run = open_run(row["url"], storage_options)
-                    link = _link(write_report(run, steps=steps), output)
-                    train += _loss_lines(run, row["name"], "train")
-                    evaluation += _loss_lines(run, row["name"], "eval")
-                except Exception as exc:  # noqa: BLE001 - one unreadable run must not stop the index
-                    note = f"{type(exc).__name__}: {exc}"
-            name = f'<a href="{_e(link)}">{_e(row["name"])}</a>' if link else _e(row["name"])
-            lines.append(f'<tr><td>{name}</td><td>{_e(row["framework"] or "?")}</td>'
-                         f'<td><span class="badge {_e(row["status"])}">{_e(row["status"])}</span></td>'
-                         f'<td>{"?" if row.get("steps") is None else row["steps"]}</td>'
-                         f'<td>{"-" if row["last_step"] is None else row["last_step"]}</td>'
-                         f'<td>{_when(row["created"])}</td><td>{row["verdicts"]}</td>'
-                         f'<td>{_e(note or "")}</td></tr>')
-            bar.update()
-    panels = [(title, data) for title, data in (("train loss", train), ("eval loss", evaluation)) if data]
-    plot = plots.img(plots.curves(panels), "loss curves of the runs") if panels else \
-        _note("no run holds a loss: nothing to compare.")
-    body = ('<section><h2>Runs</h2><table class="runs"><tr><th>run</th><th>framework</th><th>status</th>'
-            "<th>steps</th><th>last step</th><th>created</th><th>rules fired</th><th></th></tr>" + "".join(lines)
-            + f"</table></section><section><h2>Loss curves</h2>{plot}</section>")
-    page = _page(f"tripwire runs under {root}", f"<h1>tripwire runs under {_e(root)}</h1>", body)
-    _write(output, page.encode(), storage_options)
-    return output
-
-
-def _loss_lines(run, label: str, mode: str) -> list:
-    lines = []
-    for name in run.tensor_names(mode=mode):
-        if collection_of(name) == "losses" or (collection_of(name) == "metrics" and "loss" in name.lower()):
-            steps, values = run.tensor(name).series(VALUE, mode=mode)
-            lines.append((f"{label}: {path_of(name)}", steps, values))
-    return lines
-
-
-def _link(report_url: str, index_url: str) -> str:
-    """A relative link when the index and the report share a file system (the folder can be moved or served as
-    it is), else the report's URL."""
-    (report_fs, report_path), (index_fs, index_path) = _split(report_url), _split(index_url)
-    if report_fs != index_fs or report_fs == "memory":
-        return report_url
-    return os.path.relpath(report_path, os.path.dirname(index_path))
-
-
-def _split(url: str) -> tuple[str, str]:
-    return tuple(url.split("://", 1)) if "://" in url else ("file", os.path.abspath(url))
-
-
 # -- the report action, off the training thread -------------------------------------------------------------------
 class BackgroundReport:
     """Builds a run's HTML report in a background thread, one build at a time. A request during a build makes one
@@ -458,45 +389,3 @@ class BackgroundReport:
                     self._warned = True
                     hint = " (pip install 'tripwire[report]')" if isinstance(exc, ImportError) else ""
                     log.warning("tripwire: could not write the HTML report%s: %s: %s", hint, type(exc).__name__, exc)
-
-
-# -- HTML ---------------------------------------------------------------------------------------------------------
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _note(text: str) -> str:
-    return f'<p class="note">{_e(text)}</p>'
-
-
-def _when(t) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
-
-
-STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d1d1f;background:#f6f7f9}
-header,main{max-width:1100px;margin:0 auto;padding:0 24px}
-h1{font-size:22px;margin:20px 0 4px} h2{font-size:17px;margin:0 0 10px;border-bottom:1px solid #ddd;padding-bottom:4px}
-section{background:#fff;border:1px solid #e3e5e8;border-radius:8px;padding:14px 18px;margin:14px auto}
-.sub{color:#666;margin:0 0 8px;word-break:break-all} nav a{margin-right:4px}
-table{border-collapse:collapse;width:100%} th,td{text-align:left;vertical-align:top;padding:5px 8px;
-border-bottom:1px solid #eee} table.summary th{width:170px;color:#555;font-weight:600}
-table.verdicts td:first-child{font-variant-numeric:tabular-nums} table.verdicts td:nth-child(4){width:42%}
-tr.fired td{background:#fff4f4}
-tr.no_data td,tr.error td{color:#666} pre{background:#f3f4f6;padding:6px 8px;border-radius:4px;font-size:12px;
-white-space:pre-wrap;word-break:break-word;margin:6px 0 0} .note{color:#777;font-style:italic;margin:4px 0}
-img.plot{max-width:100%;height:auto;display:block;margin:8px 0}
-.badge{font-size:12px;padding:2px 8px;border-radius:10px;vertical-align:middle;background:#ddd;color:#333}
-.badge.finished{background:#d9f2dd;color:#145c22} .badge.stopped{background:#ffe8c2;color:#7a4b00}
-.badge.failed,.badge.crashed{background:#ffd6d6;color:#8a1010} .badge.running{background:#d6e8ff;color:#0b4a8a}
-footer{color:#888;font-size:12px;text-align:center;margin:20px}
-"""
-
-
-def _page(title: str, head: str, body: str) -> str:
-    from .. import __version__
-
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-            '<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
-            f"<style>{STYLE}</style></head><body><header>{head}</header><main>{body}</main>"
-            f"<footer>tripwire {__version__} · written {_when(time.time())}</footer></body></html>")
