@@ -143,7 +143,7 @@ def _delegate(verb: str, args) -> int:
 
 
 def _storage_options() -> dict:
-    from .recorder import STORAGE_OPTIONS_ENV
+    from .watcher import STORAGE_OPTIONS_ENV
 
     return json.loads(os.environ.get(STORAGE_OPTIONS_ENV, "{}"))
 

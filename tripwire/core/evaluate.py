@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 
 from .config import load_config
 from .errors import StoreUnavailable, TripwireError
 from .rules.engine import RuleEngine
 from .store import verdict_name
+from .watcher import Heartbeat, heartbeat_every
 
 log = logging.getLogger("tripwire")
 FINAL = ("finished", "stopped", "failed")  # the writers closed the run
 GONE = ("crashed", "unknown")  # a writer vanished without closing: ended once nothing new arrives for a while
-HEARTBEAT = "watcher/heartbeat.json"
 
 
 class Evaluator:
@@ -155,34 +153,6 @@ class RetryingStore:
 
     def put_json(self, rel, obj) -> None:
         self.put(rel, json.dumps(obj, indent=1, allow_nan=False).encode())
-
-
-class Heartbeat:
-    """`watcher/heartbeat.json`: written when the watcher attaches and every `every_s` after, `state: exited`
-    when it ends. The training process judges liveness by the `beat` counter changing, not by clocks."""
-
-    def __init__(self, store, every_s: float):
-        self.store, self.every_s = store, every_s
-        self.body = {"state": "watching", "beat": 0, "started": time.time(), "host": socket.gethostname(),
-                     "pid": os.getpid()}
-        self.next = 0.0
-
-    def tick(self, state: str = "watching") -> None:
-        now = time.monotonic()
-        if now < self.next and state == "watching":
-            return
-        self.next = now + self.every_s
-        self.body.update(state=state, beat=self.body["beat"] + 1, time=time.time())
-        try:
-            self.store.put_json(HEARTBEAT, self.body)
-        except Exception as exc:  # noqa: BLE001 - a missed beat is retried at the next one
-            log.debug("tripwire watch: heartbeat not written: %s", exc)
-
-
-def heartbeat_every(config: dict | None) -> float:
-    """How often the watcher beats: a quarter of the training's `evaluation.watcher_timeout_s`, 0.2 s to 5 s."""
-    timeout = float(((config or {}).get("evaluation") or {}).get("watcher_timeout_s") or 60.0)
-    return min(5.0, max(0.2, timeout / 4))
 
 
 def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None,

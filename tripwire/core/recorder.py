@@ -12,25 +12,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 import time
 
 from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
-from .evaluate import HEARTBEAT
 from .history import History
 from .naming import collection_of
 from .rules.engine import RuleEngine
 from .store import FORMAT_VERSION, MANIFEST, SHARD_RE, Store, new_run_id, output_url
 from .verdict import Verdict
+from .watcher import WatcherLink
 from .writer import Sample, Writer
 
 log = logging.getLogger("tripwire")
-STORAGE_OPTIONS_ENV = "TRIPWIRE_STORAGE_OPTIONS"
 
 
 def make_run_url(config: Config, out_dir=None) -> str:
@@ -63,15 +59,7 @@ class Recorder:
         self._inbox: list[Verdict] = []
         self._inbox_lock = threading.Lock()
         self._seen_verdicts: set[str] | None = None
-        self._watcher: subprocess.Popen | None = None
-        self._spawn_warned = False  # the spawned watcher process exited
-        self._watcher_warned = False  # no watcher attached, or its heartbeat stopped (once until one attaches)
-        self._watcher_key: object = "unread"  # what watcher/heartbeat.json said last, and since when (monotonic)
-        self._watcher_beat_at = 0.0
-        self._watcher_attached = False
-        self._watcher_state = None
-        self._watcher_checked = 0.0
-        self._started_at = time.monotonic()
+        self._watcher: WatcherLink | None = None  # side_process, worker 0: the link to `tripwire watch`
         self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
 
@@ -91,12 +79,13 @@ class Recorder:
                 if m and int(m.group(1)) == self.worker]
         side = self.config.evaluation.where == "side_process"
         ticks = side or self.engine.has_idle_rules
-        self._started_at = time.monotonic()
+        if side and self.worker == 0:
+            self._watcher = WatcherLink(self.store, self.run_url, self.config.evaluation.watcher_timeout_s)
         self.writer = Writer(self.store, self.worker, self.config.writer, first_seq=max(seqs, default=-1) + 1,
                              poll=self._tick if ticks else None, poll_s=self.config.evaluation.poll_s,
                              status={"world_size": self.world_size})
-        if side and self.config.evaluation.spawn and self.worker == 0:
-            self._spawn_watcher()
+        if self._watcher is not None and self.config.evaluation.spawn:
+            self._watcher.spawn(self.storage_options)
         if self.config.tensorboard.get("dir"):
             from .export import TensorBoardSink
 
@@ -116,7 +105,8 @@ class Recorder:
             self.writer.close(state)
         finally:
             self.writer = None
-            self._stop_watcher()
+            if self._watcher is not None:
+                self._watcher.stop()
             if self._tensorboard is not None:
                 self._tensorboard.close()
         if any(a.name == "report" for actions in self._actions.values() for a in actions):
@@ -147,7 +137,8 @@ class Recorder:
         """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""
         decision = Decision()
         if not self._inbox:
-            self._check_watcher()
+            if self._watcher is not None:
+                self._watcher.check_spawned()
             return decision
         with self._inbox_lock:
             verdicts, self._inbox = self._inbox, []
@@ -185,7 +176,8 @@ class Recorder:
         """Writer thread, every poll_s: pick up the watcher's verdicts, or judge the clock-based rules."""
         if self.engine is None:
             self._poll_store()
-            self._check_heartbeat()
+            if self._watcher is not None:
+                self._watcher.check_heartbeat()
         elif self._last_data is not None:
             for verdict in self.engine.idle(time.time(), self._last_data, self.last_step or 0, self.worker):
                 self.writer.put_verdict(verdict)
@@ -211,87 +203,6 @@ class Recorder:
             self._seen_verdicts.add(name)
             with self._inbox_lock:
                 self._inbox.append(verdict)
-
-    def _spawn_watcher(self) -> None:
-        env = dict(os.environ)
-        if self.storage_options:
-            env[STORAGE_OPTIONS_ENV] = json.dumps(self.storage_options)
-        try:
-            self._watcher = subprocess.Popen([sys.executable, "-m", "tripwire", "watch", self.run_url, "--quiet",
-                                              "--trust-run"],
-                                             env=env, stdin=subprocess.DEVNULL)
-        except OSError as exc:
-            log.warning("tripwire: could not start the side-process watcher (%s); training goes on without rule "
-                        "evaluation. Run `tripwire watch %s` yourself.", exc, self.run_url)
-
-    def _check_heartbeat(self) -> None:
-        """Writer thread, worker 0: warn once if no watcher attached within evaluation.watcher_timeout_s, and
-        once if the attached one stops refreshing watcher/heartbeat.json for that long or says it exited.
-        One small GET per second at most; a watcher counts as alive while its heartbeat changes, judged by
-        this machine's clock (the watcher's clock does not matter)."""
-        timeout = self.config.evaluation.watcher_timeout_s
-        now = time.monotonic()
-        if self.worker != 0 or now - self._watcher_checked < min(1.0, timeout / 4):
-            return
-        self._watcher_checked = now
-        try:
-            beat = json.loads(self.store.get(HEARTBEAT))
-            key = (beat.get("pid"), beat.get("started"), beat.get("beat"), beat.get("state"))
-        except FileNotFoundError:
-            beat = key = None
-        except (OSError, ValueError, AttributeError):  # storage hiccup or a torn read: judged again next time
-            return
-        if self._watcher_key == "unread":  # the first look: a heartbeat left by a watcher of an earlier session
-            self._watcher_key = key  # (this run resumed) proves nothing until it changes
-            return
-        if key != self._watcher_key:
-            self._watcher_key, self._watcher_beat_at = key, now
-            attached = beat.get("state") == "watching"
-            if attached and self._watcher_warned:
-                log.warning("tripwire: a side-process watcher is attached to %s again.", self.run_url)
-                self._watcher_warned = False
-            self._watcher_attached = self._watcher_attached or attached
-            self._watcher_state = beat.get("state")
-        if self._watcher_warned or self._spawn_warned:
-            return
-        if not self._watcher_attached:
-            if now - self._started_at > timeout:
-                self._watcher_warned = True
-                spawned = self._watcher
-                code = spawned.poll() if spawned is not None else None
-                how = (f"run `tripwire watch {self.run_url}` (here or on any machine that reads the store), or set "
-                       "evaluation.spawn: true" if spawned is None else
-                       f"the spawned watcher exited with code {code} (its output says why)" if code is not None else
-                       "the spawned watcher is running but has not attached")
-                log.warning("tripwire: evaluation.where is side_process but no watcher attached to %s within %gs "
-                            "(evaluation.watcher_timeout_s): no rule is evaluated. Training goes on; %s.",
-                            self.run_url, timeout, how)
-        elif self._watcher_state == "exited" or now - self._watcher_beat_at > timeout:
-            self._watcher_warned = True
-            what = ("exited" if self._watcher_state == "exited" else
-                    f"stopped refreshing its heartbeat for {timeout:g}s (evaluation.watcher_timeout_s)")
-            log.warning("tripwire: the side-process watcher of %s %s; rules are no longer evaluated. Training "
-                        "goes on. Restart it with `tripwire watch %s`.", self.run_url, what, self.run_url)
-
-    def _check_watcher(self) -> None:
-        if self._watcher is not None and not self._spawn_warned and self._watcher.poll() is not None:
-            self._spawn_warned = True
-            log.warning("tripwire: the side-process watcher exited (code %s) while training runs; rules are no "
-                        "longer evaluated. Training goes on. Restart it with `tripwire watch %s`.",
-                        self._watcher.returncode, self.run_url)
-
-    def _stop_watcher(self, grace_s: float = 10.0) -> None:
-        if self._watcher is None:
-            return
-        try:
-            self._watcher.wait(grace_s)  # it exits by itself once it sees the run finished
-        except subprocess.TimeoutExpired:
-            self._watcher.terminate()
-            try:
-                self._watcher.wait(5)
-            except subprocess.TimeoutExpired:
-                self._watcher.kill()
-        self._watcher = None
 
 
 def _applicable(config: Config, provides: set, framework: str) -> Config:
