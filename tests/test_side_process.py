@@ -260,7 +260,7 @@ def test_watcher_that_stops_beating_is_reported_once(tmp_path, messages):
     stopped = "stopped refreshing its heartbeat"
 
     def kill_the_watcher_once_attached():
-        helpers.wait_until(lambda: cb._recorder._watcher_attached)
+        helpers.wait_until(lambda: cb._recorder._watcher.attached)
         watcher.kill()
         watcher.wait()
         helpers.wait_until(lambda: messages.count(stopped))

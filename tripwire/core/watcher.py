@@ -65,6 +65,11 @@ class WatcherLink:
         self._state = None
         self._checked = 0.0
 
+    @property
+    def attached(self) -> bool:
+        """Whether a watcher's heartbeat has been seen since training started."""
+        return self._attached
+
     def spawn(self, storage_options: dict) -> None:
         """Start `tripwire watch` as a child process; its config is this training's own (--trust-run)."""
         env = dict(os.environ)
