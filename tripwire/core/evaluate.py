@@ -15,7 +15,6 @@ nothing new arrived for `ended_after_s`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -149,10 +148,10 @@ class RetryingStore:
         self._call("put", rel, data)
 
     def get_json(self, rel):
-        return json.loads(self.get(rel))
+        return self._call("get_json", rel)
 
     def put_json(self, rel, obj) -> None:
-        self.put(rel, json.dumps(obj, indent=1, allow_nan=False).encode())
+        self._call("put_json", rel, obj)
 
 
 def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None,

@@ -31,6 +31,9 @@ class Requirement:
     steps: tuple = ()
 
 
+_NO_DEFAULT = object()
+
+
 class Rule:
     name: ClassVar[str] = ""
     condition: ClassVar[str] = ""  # the exact condition, one or two sentences
@@ -42,29 +45,27 @@ class Rule:
     required: ClassVar[tuple] = ()  # parameters a config must give (beyond those without a default)
 
     @classmethod
-    def parameters(cls) -> dict:
-        """Parameter name -> default (None where there is none), from the constructor's signature."""
+    def _declared(cls) -> dict:
+        """Parameter name -> default, or _NO_DEFAULT, from the constructor's signature."""
         if dataclasses.is_dataclass(cls):
             return {f.name: (f.default if f.default is not dataclasses.MISSING else
-                             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                             f.default_factory() if f.default_factory is not dataclasses.MISSING else _NO_DEFAULT)
                     for f in dataclasses.fields(cls) if f.init}
         if cls.__init__ is object.__init__:
             return {}
         params = inspect.signature(cls).parameters.values()
-        return {p.name: (None if p.default is p.empty else p.default) for p in params
+        return {p.name: (_NO_DEFAULT if p.default is p.empty else p.default) for p in params
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    @classmethod
+    def parameters(cls) -> dict:
+        """Parameter name -> default (None where there is none), from the constructor's signature."""
+        return {name: (None if default is _NO_DEFAULT else default) for name, default in cls._declared().items()}
 
     @classmethod
     def required_parameters(cls) -> list:
         """Parameters a config must give: those named in `required`, and those without a default."""
-        if dataclasses.is_dataclass(cls):
-            missing = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-                       and f.default_factory is dataclasses.MISSING]
-        elif cls.__init__ is object.__init__:
-            missing = []
-        else:
-            missing = [p.name for p in inspect.signature(cls).parameters.values()
-                       if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
+        missing = [name for name, default in cls._declared().items() if default is _NO_DEFAULT]
         return list(dict.fromkeys([*cls.required, *missing]))
 
     @property
