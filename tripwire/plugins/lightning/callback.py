@@ -28,6 +28,8 @@ from tripwire.plugins.torch.reduce import Reductions
 
 log = logging.getLogger("tripwire")
 PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
+# Hooks that matter only on a sampled step: switched off (None) on the others, see TripwireCallback.
+SAMPLED_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
 
 
 def _callback_bases() -> tuple:
@@ -49,6 +51,15 @@ class TripwireCallback(*_callback_bases()):
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
     """
 
+    # Lightning calls a callback's hook only where it is callable (`_call_callback_hooks`), and each call costs
+    # a profiler context and a string format, at every step, for every callback. So the per-batch hooks
+    # tripwire has no use for are None, and those that matter only on a sampled step (SAMPLED_STEP_HOOKS) are
+    # None on the other steps (`_listen`): an unsampled training step costs Lightning one hook call,
+    # on_train_batch_start, where an empty Callback costs it six.
+    on_before_backward = on_after_backward = on_before_zero_grad = None
+    on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
+    on_predict_batch_start = on_predict_batch_end = None
+
     def __init__(self, config=None, out_dir=None, storage_options: dict | None = None):
         self.config = load_config(config)
         self.out_dir = out_dir
@@ -59,6 +70,7 @@ class TripwireCallback(*_callback_bases()):
         self._capture: TorchCapture | None = None
         self._resume_url: str | None = None
         self._sampled = False
+        self._listen(False)
         self._eval_keys: set = set()
         self._state = "finished"
         self._verdicts: list = []
@@ -113,20 +125,28 @@ class TripwireCallback(*_callback_bases()):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
         if self._capture is None:
-            self._sampled = bool(self._plan.at("train", step))
-            return
-        self._sampled = self._capture.begin("train", step)
-        if self._sampled:
-            self._take_batch(batch)
+            sampled = bool(self._plan.at("train", step))
+        else:
+            sampled = self._capture.begin("train", step)
+            if sampled:
+                self._take_batch(batch)
+        if sampled != self._sampled:
+            self._sampled = sampled
+            self._listen(sampled)
+
+    def _listen(self, sampled: bool) -> None:
+        """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips)."""
+        for name in SAMPLED_STEP_HOOKS:
+            if sampled:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = None
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self._sampled and self._capture is not None:
+        if self._capture is not None:
             self._capture.before_optimizer_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not self._sampled:
-            return
-        self._sampled = False
         decision = None
         if self._capture is not None:
             step = self._capture.step
