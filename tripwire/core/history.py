@@ -46,7 +46,8 @@ class History(View):
         self._rings: dict[tuple, _Ring] = {}
         self._row_steps: dict[tuple, _Ring] = {}
         self._tensors: dict[tuple, collections.OrderedDict] = {}
-        self._latest: dict[tuple, tuple[int, set]] = {}  # (worker, mode) -> (newest step, names recorded at it)
+        # (worker, mode) -> (newest step, names recorded at it, their reductions there): what rules read
+        self._latest: dict[tuple, tuple[int, set, dict]] = {}
 
     def add(self, worker: int, mode: str, step: int, values: dict, tensors: dict | None = None) -> None:
         """Add one sample: {name: {reduction: float}} and {name: array}."""
@@ -56,9 +57,12 @@ class History(View):
         rows.add(step, 0.0)
         latest = self._latest.get((worker, mode))
         if latest is None or latest[0] != step:
-            latest = self._latest[(worker, mode)] = (step, set())
+            latest = self._latest[(worker, mode)] = (step, set(), {})
         latest[1].update(values)
         latest[1].update(tensors or ())
+        for name, reductions in values.items():
+            kept = latest[2].get(name)
+            latest[2][name] = reductions if kept is None else {**kept, **reductions}
         for name, reductions in values.items():
             for reduction, value in reductions.items():
                 ring = self._rings.get((worker, mode, name, reduction))
@@ -96,6 +100,10 @@ class History(View):
         if all(entry is not None and entry[0] == step for entry in latest):
             return set().union(*(entry[1] for entry in latest))
         return None
+
+    def _recorded_at(self, step, mode, worker):
+        latest = self._latest.get((worker, mode))
+        return latest[2] if latest is not None and latest[0] == step else None
 
     def _at(self, name, reduction, mode, worker, step):
         ring = self._rings.get((worker, mode, name, reduction))

@@ -122,6 +122,18 @@ class View:
         """The set of names with data at this step, where a subclass knows it at once; None otherwise."""
         return None
 
+    def _recorded_at(self, step: int, mode: str, worker: int) -> dict | None:
+        """{name: {reduction: value}} of everything recorded at this step, in the order it was recorded, where a
+        subclass knows it at once (the newest step of the in-memory history); None otherwise. It is what the
+        rules read at every sample in the training process, so it must not cost a lookup per tensor."""
+        return None
+
+    def _recorded(self, step: int) -> dict | None:
+        """A scoped view's `_recorded_at` for its own mode and worker (see `at()`); None if unknown."""
+        if self.upto is None or step > self.upto or self.default_worker is None:
+            return None
+        return self._recorded_at(step, self.default_mode, self.default_worker)
+
     def _holds(self, name: str, step: int, mode: str | None, worker: int | None) -> bool:
         if self.upto is not None and step > self.upto:
             return False
@@ -292,6 +304,9 @@ class _Scoped(View):
 
     def _name_steps(self, *args):
         return self._base._name_steps(*args)
+
+    def _recorded_at(self, *args):
+        return self._base._recorded_at(*args)
 
     def verdicts(self, worker: int | None = None) -> list:
         verdicts = getattr(self._base, "verdicts", lambda **_: [])(worker=worker)

@@ -94,6 +94,9 @@ class Rule:
 def values_at(run, step: int, reduction: str, collections=(), regex: str = "") -> dict[str, float]:
     """{tensor name: its `reduction` at `step`} over the tensors of `collections` (all if empty) matching `regex`,
     skipping tensors that lack the reduction or the step."""
+    recorded = reductions_at(run, step, collections, regex)
+    if recorded is not None:
+        return {name: values[reduction] for name, values in recorded.items() if reduction in values}
     pattern = re.compile(regex) if regex else None
     out = {}
     for name in run.tensor_names(step=step):
@@ -107,3 +110,15 @@ def values_at(run, step: int, reduction: str, collections=(), regex: str = "") -
         except LookupError:
             continue
     return out
+
+
+def reductions_at(run, step: int, collections=(), regex: str = "") -> dict[str, dict[str, float]] | None:
+    """{tensor name: {reduction: value}} recorded at `step`, of `collections` (all if empty) matching `regex`,
+    where the view holds the step's sample at hand (in the training process, the step just recorded); None
+    where it does not, and the tensors must be read one by one."""
+    recorded = run._recorded(step)
+    if recorded is None:
+        return None
+    pattern = re.compile(regex) if regex else None
+    return {name: values for name, values in recorded.items()
+            if not (collections and name.split("/", 1)[0] not in collections or (pattern and not pattern.search(name)))}
