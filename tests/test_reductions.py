@@ -89,3 +89,25 @@ def test_reductions_collect_scalars_and_tensors_in_one_transfer():
     r.add_scalar("optimizer/lr", 0.1)
     assert r.to_host() == {"weights/w": {"mean": 2.5, "max": 5.0}, "losses/train": {"value": 0.5},
                            "optimizer/lr": {"value": 0.1}}
+
+
+def _against_the_stride(n: int = 65536) -> np.ndarray:
+    """Large values exactly where the percentile bracket's subsample looks: its bounds miss every rank."""
+    x = np.random.default_rng(3).normal(size=n).astype(np.float32)
+    x[:: (n // 2048) | 1] = 1e6
+    return x
+
+
+@pytest.mark.parametrize("x", [
+    np.random.default_rng(4).normal(size=(256, 256)).astype(np.float32) * np.linspace(0, 9, 256, dtype=np.float32),
+    np.sort(np.random.default_rng(5).normal(size=70000))[::-1],
+    np.random.default_rng(6).integers(0, 3, size=40000).astype(np.float32),
+    _against_the_stride(),
+], ids=["scaled columns", "sorted descending", "three values", "against the subsample"])
+def test_percentiles_of_large_arrays_are_exact(x):
+    """p5/p95 of large arrays partition only a bracket around each rank; whatever the data's order, the result
+    is numpy's (where the bracket misses, the whole array is partitioned); only the interpolation's rounding
+    differs, as it is done in float64."""
+    got = reduce(x, ["p5", "p95"])
+    assert got == {"p5": pytest.approx(float(np.percentile(x, 5)), rel=1e-6),
+                   "p95": pytest.approx(float(np.percentile(x, 95)), rel=1e-6)}
