@@ -1,8 +1,11 @@
 """Config loading and validation: every mistake names file, line, key, what is allowed."""
 
+import itertools
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tripwire
 from tripwire import ConfigError
@@ -34,9 +37,12 @@ def test_reductions_a_rule_reads_in_a_window_of_steps_are_taken_only_there():
     plan = tripwire.load_config({"rules": [{"rule": "poor_weight_initialization", "params": {"steps": 3}},
                                            {"rule": "tensor_variance"}]}).plan()
     at = lambda step: {c.name: c.reductions for c in plan.at("train", step)}  # noqa: E731
-    assert {"p5", "p95"} <= set(at(2)["gradients"]) and {"std", "fan_in"} <= set(at(2)["weights"])
+    # a step sampled only for the window takes only the window's reductions; one the schedule samples, all
+    assert at(2) == {"gradients": ("p5", "p95"), "weights": ("std", "var", "fan_in")}
+    assert at(0) == {"gradients": ("p5", "p95"), "weights": ("var", "std", "fan_in")}
     assert at(3) == {}  # past the window, and not a step of the schedule
-    assert not {"p5", "p95"} & set(at(100)["gradients"]) and "fan_in" not in at(100)["weights"]
+    # gradients are read only in the window; weights every 100 steps by tensor_variance
+    assert "gradients" not in at(100) and "fan_in" not in at(100)["weights"]
     assert "var" in at(100)["weights"]  # tensor_variance reads it at every sample
     assert plan.at("train", 1)[0] is plan.at("train", 2)[0]  # the step's plan is made once, not per step
 
@@ -166,6 +172,23 @@ def test_sampling_resolution_per_mode_and_collection():
     assert losses.sampled("eval", 20) and not losses.sampled("eval", 25)  # collection every wins over mode
     assert weights.sampled("train", 7) and weights.sampled("train", 150) and not weights.sampled("train", 100)
     assert weights.sampled("eval", 15)  # eval falls back to sampling.modes.eval
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=60), st.booleans())
+def test_the_plan_asked_step_by_step_answers_as_each_collection_would(jumps, monotonic):
+    """plan.at keeps each collection's next sampled step between calls; whatever steps the loop asks for
+    (one by one, skipping ahead, repeating a step as gradient accumulation does, or starting again), it
+    answers what each collection's schedule and windows say."""
+    plan = tripwire.load_config({
+        "sampling": {"every": 7, "start": 3},
+        "collections": {"losses": {"every": 2}, "weights": {"steps": [5, 6, 90], "every": 50, "end": 300}},
+        "rules": [{"rule": "poor_weight_initialization", "params": {"steps": 4}}],
+    }).plan()
+    steps = [*itertools.accumulate(j % 9 for j in jumps)] if monotonic else jumps
+    for step in steps:
+        expected = {c.name for c in plan.collections.values() if c.sampled("train", step)}
+        assert {c.name for c in plan.at("train", step)} == expected, step
 
 
 def test_eval_is_sampled_every_time_by_default():

@@ -49,7 +49,10 @@ def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
     assert trainer.global_step == 3 * 43 and not run.verdicts()
     # losses every 10; poor_weight_initialization adds the first 10 steps of weights and gradients
     assert run.info["status"] == "finished" and run.steps() == sorted({*range(10), *range(0, 129, 10)})
-    assert run.tensor("gradients/net.0.weight").steps() == [*range(10), 100]
+    gradient = run.tensor("gradients/net.0.weight")
+    assert gradient.steps() == [*range(10), 100]
+    # steps 1-9 are sampled for poor_weight_initialization's percentiles alone, and take only those
+    assert gradient.series("p95")[0].tolist() == [*range(10)] and gradient.series("l2")[0].tolist() == [0, 100]
     assert {"losses/train", "gradients/net.0.weight", "activations/net.1"} <= set(run.tensor_names())
     assert run.info["config"]["rules"][0]["rule"] == "exploding_tensor"
 

@@ -47,20 +47,21 @@ def plan_collections(config) -> dict[str, CollectionPlan]:
                 body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
             if req.save_tensors:
                 body["save"] = "tensors"
-            if req.steps:
-                body["steps"] = sorted({*body.get("steps", ()), *req.steps})
     plans = {}
     for name, body in wanted.items():
         scalar = name in SCALAR_COLLECTIONS
         reductions = (VALUE,) if scalar else tuple(dict.fromkeys([*body.get("reductions", DEFAULT_REDUCTIONS),
                                                                    *everywhere]))
+        save_tensors = body.get("save") == "tensors" and not scalar
+        if not (reductions or save_tensors):  # only read in a window of steps: sampled there alone
+            body = {**body, "every": 0, "steps": [], "modes": {}}
         plans[name] = CollectionPlan(
             name=name,
             reductions=reductions,
-            save_tensors=body.get("save") == "tensors" and not scalar,
+            save_tensors=save_tensors,
             schedules={m: resolved_schedule(config, body, m) for m in MODES},
             include=tuple(body.get("include", ())),
             exclude=tuple(body.get("exclude", ())),
-            windows=() if scalar else tuple(windows.get(name, ())),
+            windows=tuple((steps, (VALUE,) if scalar else reductions) for steps, reductions in windows.get(name, ())),
         )
     return plans

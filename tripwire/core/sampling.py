@@ -48,11 +48,12 @@ class CollectionPlan:
     name: str
     reductions: tuple
     save_tensors: bool
-    schedules: dict  # mode -> Schedule
+    schedules: dict  # mode -> Schedule, as configured
     include: tuple = ()
     exclude: tuple = ()
     # (steps, reductions): reductions only a rule with a window of steps reads (e.g. percentiles in the first
-    # steps of training), computed at those steps only instead of at every sample
+    # steps of training). Those steps are sampled too, and at a step sampled only for a window, only the
+    # window's reductions are computed.
     windows: tuple = ()
     _patterns: tuple = field(default=(), repr=False)
     _variants: dict = field(default_factory=dict, repr=False)
@@ -62,18 +63,21 @@ class CollectionPlan:
         object.__setattr__(self, "_patterns", (compile_(self.include), compile_(self.exclude)))
         object.__setattr__(self, "selects", lru_cache(maxsize=None)(self._selects))
 
-    def at_step(self, step: int | None) -> CollectionPlan:
-        """This plan with the windowed reductions due at `step` (all of them for None); itself if none are."""
+    def at_step(self, step: int | None, mode: str = "train") -> CollectionPlan:
+        """This plan as due at `step`: its reductions where its schedule samples the step, plus the windowed
+        reductions due there; only the latter at a step sampled for a window alone. None: everything."""
         if not self.windows:
             return self
+        scheduled = step is None or self.schedules[mode].sampled(step)
         extra = tuple(dict.fromkeys(r for steps, reductions in self.windows if step is None or step in steps
-                                    for r in reductions if r not in self.reductions))
-        if not extra:
+                                    for r in reductions if not (scheduled and r in self.reductions)))
+        if scheduled and not extra:
             return self
-        variant = self._variants.get(extra)
+        key = (scheduled, extra)
+        variant = self._variants.get(key)
         if variant is None:
-            variant = self._variants[extra] = dataclasses.replace(self, reductions=self.reductions + extra,
-                                                                  windows=(), _variants={})
+            variant = self._variants[key] = dataclasses.replace(
+                self, reductions=(self.reductions if scheduled else ()) + extra, windows=(), _variants={})
         return variant
 
     def _selects(self, path: str, kind: str = "") -> bool:
@@ -88,7 +92,16 @@ class CollectionPlan:
 
     def sampled(self, mode: str, step: int) -> bool:
         schedule = self.schedules.get(mode)
-        return schedule is not None and schedule.sampled(step)
+        return schedule is not None and (schedule.sampled(step) or any(step in steps for steps, _ in self.windows))
+
+    def next_from(self, mode: str, step: int) -> int | None:
+        """The first step at or after `step` sampled in this mode, or None."""
+        schedule = self.schedules.get(mode)
+        if schedule is None:
+            return None
+        candidates = [s for steps, _ in self.windows for s in steps if s >= step]
+        scheduled = schedule.next_from(step)
+        return min(candidates + [scheduled] if scheduled is not None else candidates, default=None)
 
 
 class CapturePlan:
@@ -97,20 +110,32 @@ class CapturePlan:
     def __init__(self, collections: dict[str, CollectionPlan]):
         self.collections = collections
         self._cache: dict[str, tuple[int, int | None]] = {}  # mode -> (from step, next sampled step)
+        self._due: dict[str, dict] = {}  # mode -> {collection: its next sampled step at or after the from step}
 
     def __contains__(self, name: str) -> bool:
         return name in self.collections
 
     def at(self, mode: str, step: int) -> tuple[CollectionPlan, ...]:
-        """The collections sampled at this step in this mode; () on an unsampled step."""
+        """The collections sampled at this step in this mode; () on an unsampled step.
+
+        Each collection's next sampled step is kept, so a sampled step looks up only the collections due
+        there; a step before the last one asked (a loop that starts again) looks them all up afresh."""
         cached = self._cache.get(mode)
         if cached is not None and cached[0] <= step and (cached[1] is None or step < cached[1]):
             return ()
-        sampled = tuple(c.at_step(step) for c in self.collections.values() if c.sampled(mode, step))
-        nexts = [n for c in self.collections.values() if mode in c.schedules
-                 for n in (c.schedules[mode].next_from(step + 1),) if n is not None]
-        self._cache[mode] = (step + 1, min(nexts) if nexts else None)
-        return sampled
+        due = self._due.get(mode)
+        if due is None or cached is None or step < cached[0]:
+            due = self._due[mode] = {name: c.next_from(mode, step) for name, c in self.collections.items()}
+        sampled = []
+        for name, n in due.items():
+            if n is not None and n < step:  # the loop skipped ahead
+                n = due[name] = self.collections[name].next_from(mode, step)
+            if n == step:
+                collection = self.collections[name]
+                sampled.append(collection.at_step(step, mode))
+                due[name] = collection.next_from(mode, step + 1)
+        self._cache[mode] = (step + 1, min((n for n in due.values() if n is not None), default=None))
+        return tuple(sampled)
 
     def any_at(self, mode: str, step: int) -> bool:
         return bool(self.at(mode, step))

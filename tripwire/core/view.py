@@ -225,14 +225,14 @@ class Tensor:
         return value
 
     def steps(self, mode: str | None = None, worker: int | None = None, tensors: bool = False) -> list[int]:
-        """Steps holding this tensor's reductions (or, with tensors=True, its full values)."""
+        """Steps holding any of this tensor's reductions (or, with tensors=True, its full values). Reductions
+        a rule reads only in a window of steps have steps of their own."""
         mode, worker, entry = self.view._resolve(self.name, mode, worker)
-        if tensors:
+        parts = [] if tensors else [self.view._series(self.name, r, mode, worker)[0] for r in entry
+                                    if r != View.TENSOR]
+        if not parts:
             return self.view._clip(self.view._tensor_steps(self.name, mode, worker)).tolist()
-        reduction = next((r for r in sorted(entry) if r != View.TENSOR), None)
-        if reduction is None:
-            return self.view._clip(self.view._tensor_steps(self.name, mode, worker)).tolist()
-        return self.view._clip(self.view._series(self.name, reduction, mode, worker)[0]).tolist()
+        return self.view._clip(np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]).tolist()
 
     def value(self, step: int, mode: str | None = None, worker: int | None = None) -> np.ndarray:
         """The full tensor at a step, where the config saved it (`save: tensors`)."""
