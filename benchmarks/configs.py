@@ -1,7 +1,7 @@
 """The tripwire configurations the overhead benchmarks compare, shared by the Lightning and plain-loop families.
 
-None is the packaged default (rules.yaml: tensors every 100 steps, the loss
-every 10, three rules). The others capture every step and run no rules, so
+None is the packaged default (rules.yaml: everything its rules read every 100
+steps, and weights and gradients in the first 10). The others capture every step and run no rules, so
 that they measure capture and writing alone.
 """
 

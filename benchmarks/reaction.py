@@ -1,7 +1,7 @@
 """Family 5: reaction. Steps and seconds from a NaN appearing in training to training stopped.
 
 The Lightning MLP trains with the default rules.yaml (exploding_tensor: log,
-checkpoint, stop; the loss is captured every 10 steps); from step NAN_AT the
+checkpoint, stop; the loss is captured every 100 steps); from step NAN_AT the
 loss is NaN. In-process, the rule runs in the training process. Side process:
 the same config with `evaluation: {where: side_process}`, `tripwire watch RUN`
 started as a subprocess next to training. Seconds: from the start of the
@@ -18,7 +18,7 @@ import time
 
 from .common import ROOT, BenchError, Row, child, interleaved, median
 
-NAN_AT = 155  # between two samples of the loss (every 10): the in-process stop comes at the next one, 160
+NAN_AT = 155  # between two samples of the loss (every 100): the in-process stop comes at the next one, 200
 MAX_STEPS = 20_000
 
 
@@ -102,7 +102,7 @@ def run(repeats: int, work: str, **_) -> list[Row]:
             continue
         steps, seconds, verdict = ([r[k] for r in results[name]] for k in ("steps", "seconds", "verdict_seconds"))
         rows += [Row("reaction", f"{name}: steps from NaN to stop", median(steps), "steps", samples=steps,
-                     note=f"NaN from step {NAN_AT}; the loss is sampled every 10 steps"),
+                     note=f"NaN from step {NAN_AT}; the loss is sampled every 100 steps"),
                  Row("reaction", f"{name}: seconds from NaN to verdict", median(verdict), "s", samples=verdict),
                  Row("reaction", f"{name}: seconds from NaN to stop", median(seconds), "s",
                      "<= 2" if name.startswith("side") else "", samples=seconds)]

@@ -149,15 +149,16 @@ class TripwireCallback(*_callback_bases()):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         decision = None
         if self._capture is not None:
-            step = self._capture.step
+            capture, step = self._capture, self._capture.step
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            if isinstance(outputs, dict):
+            if isinstance(outputs, dict) and capture.wants("predictions"):
                 for key in PREDICTION_KEYS:
                     if key in outputs:
-                        self._capture.take("predictions", "", outputs[key])
+                        capture.take("predictions", "", outputs[key])
                         break
-            metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items() if k not in self._eval_keys}
-            values, tensors = self._capture.end(loss, trainer.optimizers, metrics)
+            metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
+                       if k not in self._eval_keys} if capture.wants("metrics") else None
+            values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), metrics)
             decision = self._recorder.record(step, "train", values, tensors)
         self._decide(trainer, decision, trainer.global_step - 1)
 

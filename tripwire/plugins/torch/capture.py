@@ -105,6 +105,10 @@ class TorchCapture:
         self.active = {}
 
     # -- helpers --------------------------------------------------------------------------------------------------
+    def wants(self, collection: str) -> bool:
+        """Whether the step being captured samples this collection (so the caller gathers it only then)."""
+        return collection in self.active
+
     def take(self, collection: str, path: str, tensor: torch.Tensor, kind: str = "") -> None:
         """Reduce (and copy, if asked) one tensor into the sample, if its collection is sampled and selects it."""
         plan = self.active.get(collection)
