@@ -9,6 +9,7 @@ import pytest
 
 import tripwire
 from tripwire.core.config import WriterConfig
+from tripwire.core.index import write_index
 from tripwire.core.recorder import Recorder
 from tripwire.core.store import Store
 from tripwire.core.writer import Sample, Writer
@@ -129,14 +130,40 @@ def test_index_written_at_close_serves_reads(url):
     np.testing.assert_array_equal(run.tensor("weights/w").value(17), np.full((2, 3), 17, dtype=np.float32))
 
 
+def test_the_index_kept_in_memory_is_the_index_read_back_from_the_shards(url):
+    """The writer writes the index at close from what it kept of its shards; the same index built by reading
+    every shard back is the same bytes (a step recorded again in a later shard keeps its last values)."""
+    rec = Recorder(CONFIG, run_url=url, framework="test")
+    rec.start()
+    for steps in (range(0, 6), range(4, 9), range(9, 12)):  # steps 4 and 5 twice, in two shards
+        record_steps(rec, steps)
+        rec.record(steps[-1], "eval", {"metrics/val_loss": {"value": float(steps[-1])}})
+        time.sleep(0.15)
+    rec.finish()
+    store = Store(url)
+    (kept,) = store.list("index")
+    upto = int(kept.split("-")[1].split(".")[0])
+    assert upto >= 2
+    from_memory = store.get(f"index/{kept}")
+    store.fs.rm_file(store.path(f"index/{kept}"))
+    assert not store.list("index")
+    write_index(store, 0, upto)
+    assert store.get(f"index/{kept}") == from_memory
+
+
 def test_resumed_run_appends(url):
     for steps in (range(0, 10), range(10, 20)):
         rec = Recorder(CONFIG, run_url=url, framework="test")
         rec.start()
         record_steps(rec, steps)
+        time.sleep(0.1)
+        record_steps(rec, [steps[-1]])
         rec.finish()
     run = tripwire.open_run(url)
     assert run.steps() == list(range(20))
+    # the second writer's index covers the first writer's shards too: it read them back
+    last = sorted(Store(url).list("index"))[-1]
+    assert not tripwire.open_run(url)._files.keys() - {f"index/{last}"}
 
 
 def test_corrupt_and_foreign_files_are_skipped_with_a_warning(tmp_path):

@@ -134,18 +134,21 @@ class Run(View):
     def refresh(self) -> int:
         """Read what a writer added since the last call; returns the number of new (mode, step) rows."""
         new_rows = 0
-        if not self._files:  # an index is only used when nothing was read before it
+        if not self._files:  # an index is only used when nothing was read before it: each worker's latest
+            latest: dict[int, tuple] = {}
             for name, size in sorted(self.store.list("index").items()):
                 m = INDEX_RE.match(name)
                 if not m:
                     self._foreign(f"index/{name}")
                     continue
                 worker, upto = int(m.group(1)), int(m.group(2))
-                if upto > self._index_upto.get(worker, -1):
-                    loaded = self._load(f"index/{name}", size)
-                    if loaded is not None:
-                        self._index_upto[worker] = upto
-                        new_rows += loaded
+                if upto > latest.get(worker, (-1,))[0]:
+                    latest[worker] = (upto, name, size)
+            for worker, (upto, name, size) in sorted(latest.items()):
+                loaded = self._load(f"index/{name}", size)
+                if loaded is not None:
+                    self._index_upto[worker] = upto
+                    new_rows += loaded
         for name, size in sorted(self.store.list("shards").items()):
             rel = f"shards/{name}"
             if rel in self._files or rel in self.skipped:

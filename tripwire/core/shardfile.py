@@ -52,7 +52,7 @@ def encode(entries: dict[str, np.ndarray], metadata: dict) -> list:
     blobs, offset = [], 0
     for key, array in entries.items():
         array = np.ascontiguousarray(array)
-        code = _CODES.get(array.dtype.newbyteorder("="))
+        code = dtype_code(array)
         if code is None:
             raise TypeError(f"cannot store dtype {array.dtype} (entry {key!r}); convert it to a float or int type")
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
@@ -63,6 +63,20 @@ def encode(entries: dict[str, np.ndarray], metadata: dict) -> list:
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
     return [struct.pack("<Q", len(head)) + head, *blobs]
+
+
+def dtype_code(array: np.ndarray) -> str | None:
+    """The format's name of an array's dtype (F32, I64, …), or None if the format cannot hold it."""
+    return _CODES.get(array.dtype.newbyteorder("="))
+
+
+def entry_ranges(chunks: list, keys) -> dict[str, tuple[int, int]]:
+    """The absolute byte range of each entry in the chunks `encode` made of them (keys in the same order)."""
+    ranges, begin = {}, len(chunks[0])
+    for key, blob in zip(keys, chunks[1:]):
+        ranges[key] = (begin, begin + len(blob))
+        begin += len(blob)
+    return ranges
 
 
 def _is_int(x) -> bool:

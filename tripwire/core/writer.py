@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import StorageError
-from .shardfile import encode
+from .index import Consolidated, write_index
+from .shardfile import encode, entry_ranges
 from .store import FORMAT_VERSION, Store, host_and_pid, shard_name, status_name, verdict_name
 
 log = logging.getLogger("tripwire")
@@ -54,6 +55,7 @@ class Writer:
                  status: dict | None = None):
         self.store, self.worker, self.config = store, worker, config
         self.seq = first_seq
+        self._kept = Consolidated(worker, first_seq)  # what the index at close is written from
         self.shards_written = 0
         previous = self._previous_status(store, worker)  # a resumed run keeps counting where it left off
         self.dropped_steps = _count(previous.get("dropped_steps"))
@@ -187,8 +189,12 @@ class Writer:
         """Write the samples as one shard; `nbytes` of them are counted in pending_bytes until it is written."""
         steps = {(s.mode, s.step) for s in samples}
         last = max(s.step for s in samples)
+        rel = shard_name(self.worker, self.seq)
         try:
-            data = encode_shard(samples, self.worker, self.seq)
+            entries, meta = shard_contents(samples, self.worker, self.seq)
+            data = encode(entries, meta)
+            summary = Consolidated.summary(rel, meta, entries, entry_ranges(data, entries))
+            del entries  # the chunks hold what is written; the samples' arrays go with them
             if not self.store.local:
                 # An object store takes one PUT of one bytes object: a full copy of the shard. Let the samples
                 # it copies go, and count the copy in their place (at most their size: the shard's header, a
@@ -199,18 +205,20 @@ class Writer:
                 nbytes = min(nbytes, len(data))
         except Exception as exc:  # noqa: BLE001 - a sample we cannot encode must not kill the writer
             log.error("tripwire: could not encode %d samples (%s); they are lost.", len(steps), exc)
+            self._kept.lose()
             self.lost_steps += len(steps)
             self._release(nbytes)
             return
-        rel = shard_name(self.worker, self.seq)
         written = self._attempt(f"shard {self.seq}", functools.partial(self.store.put, rel, data))
         del data  # before the bytes are released: the copy (or the samples' chunks) goes now
         self._release(nbytes)
         if written:
+            self._kept.add(summary)
             self.seq += 1
             self.shards_written += 1
             self.last_step = last
         else:
+            self._kept.lose()
             self.lost_steps += len(steps)
 
     def _attempt(self, what: str, write) -> bool:
@@ -251,10 +259,8 @@ class Writer:
 
     def _on_close(self) -> None:
         if self.seq > 1:
-            from .index import write_index
-
             try:
-                write_index(self.store, self.worker, self.seq - 1)
+                write_index(self.store, self.worker, self.seq - 1, self._kept)
             except Exception as exc:  # noqa: BLE001 - the shards stay readable without the index
                 log.warning("tripwire: could not write the run index (%s); the run reads from its shards.", exc)
         self._write_status()
@@ -265,7 +271,12 @@ def _count(value) -> int:
 
 
 def encode_shard(samples: list[Sample], worker: int, seq: int) -> list:
-    """The shard for a list of samples: steps per mode, one column per series, then the full tensors."""
+    """The shard for a list of samples, as byte chunks."""
+    return encode(*shard_contents(samples, worker, seq))
+
+
+def shard_contents(samples: list[Sample], worker: int, seq: int) -> tuple[dict, dict]:
+    """The shard's entries and metadata: steps per mode, one column per series, then the full tensors."""
     rows: dict[str, set] = collections.defaultdict(set)
     series: dict[tuple, tuple[list, list]] = {}
     tensors = []
@@ -296,4 +307,4 @@ def encode_shard(samples: list[Sample], worker: int, seq: int) -> list:
     for i, (mode, name, step, array) in enumerate(tensors):
         entries[f"t{i}"] = array
         meta["tensors"].append([mode, name, step, f"t{i}"])
-    return encode(entries, meta)
+    return entries, meta
