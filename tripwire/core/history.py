@@ -12,6 +12,7 @@ import collections
 
 import numpy as np
 
+from .naming import collection_of
 from .view import View
 
 
@@ -46,7 +47,8 @@ class History(View):
         self._rings: dict[tuple, _Ring] = {}
         self._row_steps: dict[tuple, _Ring] = {}
         self._tensors: dict[tuple, collections.OrderedDict] = {}
-        # (worker, mode) -> (newest step, names recorded at it, their reductions there): what rules read
+        # (worker, mode) -> (newest step, names recorded at it, {collection: {name: reductions}} there): what
+        # the rules read
         self._latest: dict[tuple, tuple[int, set, dict]] = {}
 
     def add(self, worker: int, mode: str, step: int, values: dict, tensors: dict | None = None) -> None:
@@ -61,8 +63,9 @@ class History(View):
         latest[1].update(values)
         latest[1].update(tensors or ())
         for name, reductions in values.items():
-            kept = latest[2].get(name)
-            latest[2][name] = reductions if kept is None else {**kept, **reductions}
+            group = latest[2].setdefault(collection_of(name), {})
+            kept = group.get(name)
+            group[name] = reductions if kept is None else {**kept, **reductions}
         for name, reductions in values.items():
             for reduction, value in reductions.items():
                 ring = self._rings.get((worker, mode, name, reduction))
@@ -96,10 +99,17 @@ class History(View):
 
     def _names_at(self, step, mode, worker):
         """Rules ask for the newest step: its names are known without looking at any series."""
-        latest = [self._latest.get((w, mode)) for w in ([worker] if worker is not None else self.workers())]
+        if worker is not None:  # a rule's view: the set kept for the step itself, not a copy
+            latest = self._latest.get((worker, mode))
+            return latest[1] if latest is not None and latest[0] == step else None
+        latest = [self._latest.get((w, mode)) for w in self.workers()]
         if all(entry is not None and entry[0] == step for entry in latest):
             return set().union(*(entry[1] for entry in latest))
         return None
+
+    def _tail(self, name, reduction, mode, worker, n):
+        ring = self._rings[(worker, mode, name, reduction)]
+        return ring.steps[-n:], ring.values[-n:]
 
     def _recorded_at(self, step, mode, worker):
         latest = self._latest.get((worker, mode))

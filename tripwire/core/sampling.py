@@ -6,7 +6,9 @@ this is one comparison against the next sampled step, cached per mode.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -33,12 +35,23 @@ class Schedule:
 
     def next_from(self, step: int) -> int | None:
         """The first sampled step at or after `step`, or None if there is none."""
-        candidates = [s for s in self.steps if s >= step]
-        if self.every > 0:
-            first = self.start if step <= self.start else self.start + -(-(step - self.start) // self.every) * self.every
-            if self.end is None or first < self.end:
-                candidates.append(first)
-        return min(candidates) if candidates else None
+        explicit = _first_from(self._sorted_steps, step)
+        if self.every <= 0:
+            return explicit
+        first = self.start if step <= self.start else self.start + -(-(step - self.start) // self.every) * self.every
+        if self.end is not None and first >= self.end:
+            return explicit
+        return first if explicit is None or first < explicit else explicit
+
+    @functools.cached_property
+    def _sorted_steps(self) -> tuple:
+        return tuple(sorted(self.steps))
+
+
+def _first_from(ordered: tuple, step: int) -> int | None:
+    """The first of these sorted steps at or after `step`, or None."""
+    i = bisect.bisect_left(ordered, step)
+    return ordered[i] if i < len(ordered) else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,9 +112,13 @@ class CollectionPlan:
         schedule = self.schedules.get(mode)
         if schedule is None:
             return None
-        candidates = [s for steps, _ in self.windows for s in steps if s >= step]
         scheduled = schedule.next_from(step)
-        return min(candidates + [scheduled] if scheduled is not None else candidates, default=None)
+        windowed = _first_from(self._window_steps, step) if self.windows else None
+        return scheduled if windowed is None or (scheduled is not None and scheduled < windowed) else windowed
+
+    @functools.cached_property
+    def _window_steps(self) -> tuple:
+        return tuple(sorted({s for steps, _ in self.windows for s in steps}))
 
 
 class CapturePlan:

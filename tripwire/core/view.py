@@ -122,10 +122,17 @@ class View:
         """The set of names with data at this step, where a subclass knows it at once; None otherwise."""
         return None
 
+    def _tail(self, name: str, reduction: str, mode: str, worker: int, n: int) -> tuple[list, list]:
+        """The last n steps and values of a series, as lists: what rules that look back read at every sample.
+        Subclasses may answer without building the series' arrays."""
+        steps, values = self._clip(*self._series(name, reduction, mode, worker))
+        return steps[-n:].tolist(), values[-n:].tolist()
+
     def _recorded_at(self, step: int, mode: str, worker: int) -> dict | None:
-        """{name: {reduction: value}} of everything recorded at this step, in the order it was recorded, where a
-        subclass knows it at once (the newest step of the in-memory history); None otherwise. It is what the
-        rules read at every sample in the training process, so it must not cost a lookup per tensor."""
+        """{collection: {name: {reduction: value}}} of everything recorded at this step, in the order it was
+        recorded, where a subclass knows it at once (the newest step of the in-memory history); None
+        otherwise. It is what the rules read at every sample in the training process, so it must not cost a
+        lookup per tensor."""
         return None
 
     def _recorded(self, step: int) -> dict | None:
@@ -224,10 +231,18 @@ class Tensor:
                                                                                        worker)[0])))
         return value
 
+    def tail(self, reduction: str | None = None, n: int = 1, mode: str | None = None,
+             worker: int | None = None) -> tuple[list[int], list[float]]:
+        """The last `n` (steps, values) of one reduction, as lists: a rule's look back over recent samples."""
+        mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        return self.view._tail(self.name, self._reduction_name(reduction, entry), mode, worker, n)
+
     def steps(self, mode: str | None = None, worker: int | None = None, tensors: bool = False) -> list[int]:
         """Steps holding any of this tensor's reductions (or, with tensors=True, its full values). Reductions
         a rule reads only in a window of steps have steps of their own."""
         mode, worker, entry = self.view._resolve(self.name, mode, worker)
+        if tensors and View.TENSOR not in entry:
+            return []
         parts = [] if tensors else [self.view._series(self.name, r, mode, worker)[0] for r in entry
                                     if r != View.TENSOR]
         if not parts:
@@ -307,6 +322,12 @@ class _Scoped(View):
 
     def _recorded_at(self, *args):
         return self._base._recorded_at(*args)
+
+    def _tail(self, name, reduction, mode, worker, n):
+        steps, values = self._base._tail(name, reduction, mode, worker, n)
+        if steps and steps[-1] > self.upto:  # the base holds later steps: read the series up to this view's step
+            return View._tail(self, name, reduction, mode, worker, n)
+        return steps, values
 
     def verdicts(self, worker: int | None = None) -> list:
         verdicts = getattr(self._base, "verdicts", lambda **_: [])(worker=worker)

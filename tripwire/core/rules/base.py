@@ -116,9 +116,13 @@ def reductions_at(run, step: int, collections=(), regex: str = "") -> dict[str, 
     """{tensor name: {reduction: value}} recorded at `step`, of `collections` (all if empty) matching `regex`,
     where the view holds the step's sample at hand (in the training process, the step just recorded); None
     where it does not, and the tensors must be read one by one."""
-    recorded = run._recorded(step)
-    if recorded is None:
+    grouped = run._recorded(step)
+    if grouped is None:
         return None
-    pattern = re.compile(regex) if regex else None
-    return {name: values for name, values in recorded.items()
-            if not (collections and name.split("/", 1)[0] not in collections or (pattern and not pattern.search(name)))}
+    out = {}
+    for group in ([grouped[c] for c in collections if c in grouped] if collections else grouped.values()):
+        out.update(group)
+    if regex:
+        pattern = re.compile(regex)
+        out = {name: values for name, values in out.items() if pattern.search(name)}
+    return out

@@ -34,7 +34,8 @@ class TorchCapture:
         self._tensors: dict = {}
         self._before: dict = {}
         self._params_taken = False
-        self._owners: dict | None = None
+        self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
+        self._parameters: list | None = None  # (path, parameter, kind of the module that holds it), found once
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -58,20 +59,15 @@ class TorchCapture:
         self._params_taken = True
         if not any(c in self.active for c in PARAM_COLLECTIONS):  # e.g. a step that samples only the loss
             return
-        if self._owners is None:  # which kind of module holds each parameter (e.g. Embedding, Linear)
-            self._owners = {f"{prefix}.{name}".lstrip("."): type(module).__name__
-                            for prefix, module in self.module.named_modules()
-                            for name, _ in module.named_parameters(recurse=False)}
-        for path, param in self.module.named_parameters():
+        updates = self.active.get("updates")
+        for path, param, kind in self._walk_parameters():
             if not param.requires_grad:
                 continue
-            kind = self._owners.get(path, "")
             self.take(param_collection(path), path, param, kind)
             if param.grad is not None:
                 self.take("gradients", path, param.grad, kind)
-            updates = self.active.get("updates")
             if updates is not None and updates.selects(path):
-                self._before[path] = param.detach().clone()
+                self._before[path] = (param, param.detach().clone())
 
     def end(self, loss=None, optimizers=(), extra_scalars: dict | None = None):
         """The step's sample as (values, tensors), or None if the step was not sampled."""
@@ -80,11 +76,8 @@ class TorchCapture:
         self._remove_hooks()
         if self.mode == "train":  # a train step whose optimizer did not step still gets its parameters
             self.before_optimizer_step()
-        if "updates" in self.active:
-            params = dict(self.module.named_parameters())
-            for path, before in self._before.items():
-                if path in params:
-                    self.take("updates", path, params[path].detach() - before)
+        for path, (param, before) in self._before.items():
+            self.take("updates", path, param.detach() - before)
         if "losses" in self.active and loss is not None:
             self._reductions.add_scalar("losses/train", loss)
         if "optimizer" in self.active:
@@ -119,14 +112,27 @@ class TorchCapture:
         if plan.save_tensors:
             self._tensors[name] = host_array(tensor)
 
+    def _walk_parameters(self) -> list:
+        """(path, parameter, kind of the module holding it, e.g. 'Linear') for every parameter. Walked once:
+        a walk of a large model's modules costs more than a sample's reductions, and a model does not change
+        its parameters while it trains."""
+        if self._parameters is None:
+            owners = {f"{prefix}.{name}".lstrip("."): type(module).__name__
+                      for prefix, module in self.module.named_modules()
+                      for name, _ in module.named_parameters(recurse=False)}
+            self._parameters = [(path, param, owners.get(path, "")) for path, param in self.module.named_parameters()]
+        return self._parameters
+
     def _hook_activations(self, plan) -> None:
-        for path, module in self.module.named_modules():
-            if not path:
-                continue
-            kind = type(module).__name__
-            leaf = next(module.children(), None) is None
-            if (plan.include or leaf) and plan.selects(path, kind):
-                self._hooks.append(module.register_forward_hook(self._output_hook("activations", path, kind)))
+        """Forward hooks on the modules whose outputs the plan selects: leaves, or any module its patterns
+        name. The modules are found once, the hooks made once; they are registered for this step only."""
+        if self._activation_hooks is None:
+            self._activation_hooks = [
+                (module, self._output_hook("activations", path, kind))
+                for path, module in self.module.named_modules() if path
+                for kind in (type(module).__name__,)
+                if (plan.include or next(module.children(), None) is None) and plan.selects(path, kind)]
+        self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
     def _output_hook(self, collection: str, path: str, kind: str = ""):
         def hook(module, inputs, output):

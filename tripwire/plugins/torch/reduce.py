@@ -20,6 +20,8 @@ _FLOAT_HOST = (torch.float32, torch.float64)
 def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
     """A numpy array of a tensor's values (a copy by default: parameters change in place)."""
     t = t.detach()
+    if t.is_cpu and t.dtype in _FLOAT_HOST:
+        return t.numpy().copy() if copy else t.numpy()
     if t.dtype in (torch.bfloat16, torch.float16) or t.dtype.is_complex:
         t = t.float()
     if t.device.type != "cpu":
@@ -118,7 +120,7 @@ class Reductions:
     def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "") -> None:
         if not names:
             return
-        if tensor.device.type == "cpu":
+        if tensor.is_cpu:
             if tensor.numel() == 1 and names == ("value",):
                 self.values[name] = {"value": float(tensor.detach())}
             else:
