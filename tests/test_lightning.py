@@ -130,6 +130,29 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path):
     assert run.tensor_names(collection="activations") == [f"activations/net.{i}" for i in range(5)]
 
 
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_between_samples_lightning_does_not_call_the_callback(tmp_path, accumulate):
+    """Between two sampled steps Lightning calls none of the callback's hooks: the optimizers' step hook wakes
+    it for the next sampled step. With gradient accumulation a global step spans several batches, and every
+    sampled step is still captured, at the global step Lightning counts."""
+    calls = []
+
+    class Counted(TripwireCallback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            calls.append(trainer.global_step)
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    cb = Counted({"collections": {"losses": {}, "gradients": {}}, "sampling": {"every": 5}, "rules": []},
+                 out_dir=tmp_path / "run")
+    trainer = helpers.fit(cb, max_steps=23, accumulate_grad_batches=accumulate)
+    assert trainer.global_step == 23
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == [0, 5, 10, 15, 20] and run.tensor("gradients/net.0.weight").steps() == run.steps()
+    # called at each sampled step's batches and at the first batch after them, to see that it is not sampled
+    assert sorted(set(calls)) == [0, 1, 5, 6, 10, 11, 15, 16, 20, 21]
+    assert len(calls) == 5 * (accumulate + 1)
+
+
 def test_pytorch_lightning_trainer_gets_a_callback_of_its_kind(tmp_path):
     import pytorch_lightning
 

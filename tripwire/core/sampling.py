@@ -154,5 +154,10 @@ class CapturePlan:
         self._cache[mode] = (step + 1, min((n for n in due.values() if n is not None), default=None))
         return tuple(sampled)
 
+    def next_sampled(self, mode: str, step: int) -> int | None:
+        """The first step at or after `step` that samples anything in this mode, or None."""
+        return min((n for c in self.collections.values() for n in (c.next_from(mode, step),) if n is not None),
+                   default=None)
+
     def any_at(self, mode: str, step: int) -> bool:
         return bool(self.at(mode, step))

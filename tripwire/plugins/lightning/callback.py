@@ -52,10 +52,12 @@ class TripwireCallback(*_callback_bases()):
     """
 
     # Lightning calls a callback's hook only where it is callable (`_call_callback_hooks`), and each call costs
-    # a profiler context and a string format, at every step, for every callback. So the per-batch hooks
-    # tripwire has no use for are None, and those that matter only on a sampled step (SAMPLED_STEP_HOOKS) are
-    # None on the other steps (`_listen`): an unsampled training step costs Lightning one hook call,
-    # on_train_batch_start, where an empty Callback costs it six.
+    # a profiler context and a string format, at every step, for every callback (about 2.5 us). So the
+    # per-batch hooks tripwire has no use for are None, and those that matter only on a sampled step
+    # (SAMPLED_STEP_HOOKS) are None on the other steps (`_listen`). Between samples on_train_batch_start is
+    # None too: a post-step hook on each optimizer, a plain call inside `optimizer.step()`, switches it back
+    # on before the next sampled step (`_watch`). An unsampled step costs Lightning no hook call at all, where
+    # an empty Callback costs it six.
     on_before_backward = on_after_backward = on_before_zero_grad = None
     on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
     on_predict_batch_start = on_predict_batch_end = None
@@ -71,6 +73,8 @@ class TripwireCallback(*_callback_bases()):
         self._resume_url: str | None = None
         self._sampled = False
         self._listen(False)
+        self._watching: list = []  # handles of the optimizers' post-step hooks, while they wake this callback
+        self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
         self._eval_keys: set = set()
         self._state = "finished"
         self._verdicts: list = []
@@ -98,6 +102,8 @@ class TripwireCallback(*_callback_bases()):
             self._recorder.start()
             self._verdicts = self._recorder.verdicts
             self._capture = TorchCapture(pl_module, self._recorder.plan)
+            self._plan = self._recorder.plan
+        self._watch(trainer)
 
     def on_exception(self, trainer, pl_module, exception):
         # Lightning runs no teardown hooks after an exception: close the run here
@@ -107,6 +113,10 @@ class TripwireCallback(*_callback_bases()):
         self._close(self._state)
 
     def _close(self, state: str) -> None:
+        for handle in self._watching:
+            handle.remove()
+        self._watching, self._wake_at = [], None
+        self.__dict__.pop("on_train_batch_start", None)
         if self._capture is not None:
             self._capture.close()
         if self._recorder is not None:
@@ -133,6 +143,9 @@ class TripwireCallback(*_callback_bases()):
         if sampled != self._sampled:
             self._sampled = sampled
             self._listen(sampled)
+        if not sampled and self._watching:  # sleep until the optimizers' hook wakes this callback
+            self._wake_at = self._plan.next_sampled("train", step + 1)
+            self.__dict__["on_train_batch_start"] = None
 
     def _listen(self, sampled: bool) -> None:
         """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips)."""
@@ -141,6 +154,22 @@ class TripwireCallback(*_callback_bases()):
                 self.__dict__.pop(name, None)
             else:
                 self.__dict__[name] = None
+
+    def _watch(self, trainer) -> None:
+        """Hook each optimizer's step, so that on_train_batch_start can be off between samples. Lightning's
+        global step is the count of optimizer steps; after a step N, the next batch is step N + 1. Where an
+        optimizer takes no such hook (not a torch.optim.Optimizer), on_train_batch_start stays on."""
+        optimizers = [getattr(o, "optimizer", o) for o in trainer.optimizers]
+        if self._watching or not optimizers or \
+                not all(callable(getattr(o, "register_step_post_hook", None)) for o in optimizers):
+            return
+
+        def after_optimizer_step(optimizer, args, kwargs):
+            if self._wake_at is not None and trainer.global_step + 1 >= self._wake_at:
+                self._wake_at = None
+                self.__dict__.pop("on_train_batch_start", None)
+
+        self._watching = [o.register_step_post_hook(after_optimizer_step) for o in optimizers]
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self._capture is not None:
