@@ -380,3 +380,25 @@ def test_show_names_corrupt_truncated_and_foreign_files_and_exits_normally(tmp_p
         assert f"skipped    {rel}: " in out.stdout
     assert ".tmp-" not in out.stdout + out.stderr
     assert "status     finished" in out.stdout and "train: 10 sampled (0..9)" in out.stdout
+
+
+def test_put_writes_every_chunk_in_order_through_partial_writes(tmp_path, monkeypatch):
+    """A shard is handed to the store as thousands of chunks, written with writev in batches; a system call
+    that writes only part of what it was given (allowed by POSIX) is resumed where it stopped."""
+    import os
+
+    rng = np.random.default_rng(0)
+    chunks = [rng.bytes(int(n)) for n in rng.integers(0, 3000, size=2500)]
+    store = Store(str(tmp_path / "run"))
+    store.put("whole.bin", chunks)
+    real_writev, calls = os.writev, []
+
+    def partial_writev(fd, buffers):
+        calls.append(len(buffers))
+        return real_writev(fd, [b"".join(bytes(b) for b in buffers)[:1000]])
+
+    monkeypatch.setattr(os, "writev", partial_writev)
+    store.put("partial.bin", chunks)
+    assert (tmp_path / "run" / "whole.bin").read_bytes() == b"".join(chunks)
+    assert (tmp_path / "run" / "partial.bin").read_bytes() == b"".join(chunks)
+    assert max(calls) == 1024 and len(calls) > len(b"".join(chunks)) // 1000
