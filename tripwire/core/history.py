@@ -66,7 +66,6 @@ class History(View):
             group = latest[2].setdefault(collection_of(name), {})
             kept = group.get(name)
             group[name] = reductions if kept is None else {**kept, **reductions}
-        for name, reductions in values.items():
             for reduction, value in reductions.items():
                 ring = self._rings.get((worker, mode, name, reduction))
                 if ring is None:
