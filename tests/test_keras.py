@@ -127,3 +127,26 @@ def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path
     assert sum("scale_loss" in r.getMessage() for r in caplog.records) == 1
     steps, losses = tripwire.open_run(cb.run_url).tensor("losses/train").series()
     assert steps.tolist() == [0, 10, 20, 30, 40] and np.isfinite(losses).all()
+
+
+TRAINING_IMPORTS = """
+import sys, tempfile
+import numpy as np, keras
+from tripwire.plugins.keras import TripwireCallback
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+model.compile(optimizer="sgd", loss="mse")
+callback = TripwireCallback(None, out_dir=tempfile.mkdtemp())
+before = set(sys.modules)
+model.fit(np.zeros((64, 8), "float32"), np.zeros((64, 4), "float32"), epochs=1, verbose=0, callbacks=[callback])
+print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("tripwire", "fsspec", "numpy", "yaml")))
+"""
+
+
+def test_fit_imports_nothing_of_tripwire_or_its_storage(tmp_path):
+    """Importing fsspec the first time costs tens of milliseconds (compiling it, without bytecode caches): the
+    callback prepares the run's filesystem when it is made, so that fit does not pay for it."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "KERAS_HOME": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-c", TRAINING_IMPORTS], env=env, cwd=HERE.parent, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -34,6 +34,19 @@ def make_run_url(config: Config, out_dir=None) -> str:
     return output_url(str(out_dir) if out_dir is not None else config.output, new_run_id()).rstrip("/")
 
 
+def prepare_storage(config: Config, out_dir=None, storage_options: dict | None = None) -> None:
+    """Import fsspec and make the run's filesystem now, when a callback is made: the first time costs tens of
+    milliseconds (more where Python compiles fsspec from source), which training would otherwise pay when it
+    starts. Best effort: a URL that cannot be opened fails where it always did, when the run opens."""
+    import fsspec
+
+    try:
+        fsspec.core.url_to_fs(str(out_dir) if out_dir is not None else config.output,
+                              **{**config.storage_options, **(storage_options or {})})
+    except Exception:  # noqa: BLE001 - reported by the Recorder when training starts
+        pass
+
+
 class Recorder:
     def __init__(self, config=None, *, run_url: str, framework: str, framework_version: str = "", worker: int = 0,
                  world_size: int = 1, storage_options: dict | None = None, info: dict | None = None,

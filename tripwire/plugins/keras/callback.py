@@ -26,7 +26,7 @@ import keras
 import numpy as np
 
 from tripwire.core.config import load_config
-from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import StepCapture
 from .hooks import hook_model
@@ -49,6 +49,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self.out_dir = out_dir
         self.storage_options = storage_options
         self.run_url: str | None = None
+        prepare_storage(self.config, out_dir, storage_options)
         self._plan = self.config.plan()
         self._recorder: Recorder | None = None
         self._capture: StepCapture | None = None

@@ -22,7 +22,7 @@ import logging
 
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
-from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture
 from tripwire.plugins.torch.reduce import Reductions
 
@@ -67,6 +67,7 @@ class TripwireCallback(*_callback_bases()):
         self.out_dir = out_dir
         self.storage_options = storage_options
         self.run_url: str | None = None
+        prepare_storage(self.config, out_dir, storage_options)
         self._plan = self.config.plan()
         self._recorder: Recorder | None = None
         self._capture: TorchCapture | None = None

@@ -25,7 +25,7 @@ from xgboost import collective
 
 from tripwire.core.config import load_config
 from tripwire.core.naming import VALUE
-from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce
 
 from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, feature_names, hyperparameters,
@@ -58,6 +58,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         self.out_dir, self.storage_options = out_dir, storage_options
         self.eval_data, self.checkpoint_format = eval_data, checkpoint_format
         self.run_url: str | None = make_run_url(self.config, out_dir) if out_dir is not None else None
+        prepare_storage(self.config, out_dir, storage_options)
         self._open_state()
 
     def _open_state(self) -> None:
