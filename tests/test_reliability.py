@@ -197,10 +197,11 @@ DIE_WHILE_WRITING = """
 import os, signal, sys
 import numpy as np
 from tripwire.core.store import Store
-from tripwire.core.writer import Sample, encode_shard
+from tripwire.core.shardfile import encode
+from tripwire.core.writer import Sample, shard_contents
 
-chunks = encode_shard([Sample(3, "train", {"losses/train": {"value": 1.0}},
-                              {"weights/w": np.ones(1 << 20, dtype=np.float32)})], 0, 3)
+chunks = encode(*shard_contents([Sample(3, "train", {"losses/train": {"value": 1.0}},
+                                       {"weights/w": np.ones(1 << 20, dtype=np.float32)})], 0, 3))
 
 def die_halfway():
     yield from chunks[:-1]

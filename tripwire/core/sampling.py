@@ -158,6 +158,3 @@ class CapturePlan:
         """The first step at or after `step` that samples anything in this mode, or None."""
         return min((n for c in self.collections.values() for n in (c.next_from(mode, step),) if n is not None),
                    default=None)
-
-    def any_at(self, mode: str, step: int) -> bool:
-        return bool(self.at(mode, step))

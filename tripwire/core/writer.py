@@ -270,11 +270,6 @@ def _count(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def encode_shard(samples: list[Sample], worker: int, seq: int) -> list:
-    """The shard for a list of samples, as byte chunks."""
-    return encode(*shard_contents(samples, worker, seq))
-
-
 def shard_contents(samples: list[Sample], worker: int, seq: int) -> tuple[dict, dict]:
     """The shard's entries and metadata: steps per mode, one column per series, then the full tensors."""
     rows: dict[str, set] = collections.defaultdict(set)
