@@ -271,6 +271,11 @@ def test_unchanged_tensor_names_the_layer_left_out_of_the_optimizer(tmp_path):
                                                     "weights/net.4.weight"]
     assert v.message.startswith("2 of 6 tensors did not change") and "net.0" in v.message and \
         "net.2" not in v.message
+    # offline, over the stored run, the rule reads its look back from the series and comes to the same verdict
+    from tripwire.core.evaluate import check
+
+    (offline,) = [f for f in check(tripwire.open_run(tmp_path / "run")) if f.fired]
+    assert (offline.step, offline.evidence["unchanged"]) == (v.step, v.evidence["unchanged"])
 
 
 def test_report_action_writes_the_verdict_into_the_run(tmp_path):

@@ -127,11 +127,12 @@ class TorchCapture:
         """Forward hooks on the modules whose outputs the plan selects: leaves, or any module its patterns
         name. The modules are found once, the hooks made once; they are registered for this step only."""
         if self._activation_hooks is None:
-            self._activation_hooks = [
-                (module, self._output_hook("activations", path, kind))
-                for path, module in self.module.named_modules() if path
-                for kind in (type(module).__name__,)
-                if (plan.include or next(module.children(), None) is None) and plan.selects(path, kind)]
+            self._activation_hooks = []
+            for path, module in self.module.named_modules():
+                kind = type(module).__name__
+                leaf = next(module.children(), None) is None
+                if path and (plan.include or leaf) and plan.selects(path, kind):
+                    self._activation_hooks.append((module, self._output_hook("activations", path, kind)))
         self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
     def _output_hook(self, collection: str, path: str, kind: str = ""):

@@ -20,12 +20,11 @@ _FLOAT_HOST = (torch.float32, torch.float64)
 def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
     """A numpy array of a tensor's values (a copy by default: parameters change in place)."""
     t = t.detach()
-    if t.is_cpu and t.dtype in _FLOAT_HOST:
-        return t.numpy().copy() if copy else t.numpy()
-    if t.dtype in (torch.bfloat16, torch.float16) or t.dtype.is_complex:
-        t = t.float()
-    if t.device.type != "cpu":
-        return t.cpu().numpy()
+    if not (t.is_cpu and t.dtype in _FLOAT_HOST):  # the common case asks nothing more
+        if t.dtype in (torch.bfloat16, torch.float16) or t.dtype.is_complex:
+            t = t.float()
+        if not t.is_cpu:
+            return t.cpu().numpy()
     return t.numpy().copy() if copy else t.numpy()
 
 
