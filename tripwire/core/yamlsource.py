@@ -72,6 +72,12 @@ def _check_depth(text: str, source: str) -> None:
                     raise _too_deep(source, event.start_mark)
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # libyaml (PyYAML >= 6.0.4's C loader) has its own nesting limit, far above ours, and its scanner reads a
+        # whole flow collection ahead of the parser, so its error can come before our first event past MAX_DEPTH
+        if "nesting depth" in (exc.problem or ""):
+            raise _too_deep(source, exc.problem_mark) from None
+        raise
     finally:
         loader.dispose()
 
