@@ -17,6 +17,7 @@ import tripwire
 from keras_cases import *  # noqa: F401,F403 - collected here, on the TensorFlow backend (conftest.py)
 from keras_models import fired, fit, mlp
 from tripwire.plugins.keras import TripwireCallback
+from tripwire.plugins.keras.capture import StepCapture
 
 HERE = Path(__file__).parent
 SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -83,6 +84,36 @@ def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_pa
     # calls run steps 0-3, 4-7, …; each call holding 0, 10, 20, 30 or 40 is sampled, at its last step
     assert run.steps() == [3, 11, 23, 31, 42]
     assert run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [3, 11, 23, 31, 42]
+
+
+class StepsRun(keras.callbacks.Callback):
+    """Listed before tripwire's callback: the steps Keras ran, and which of them ran tripwire's capture function."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.captured = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append(int(self.model.optimizer.iterations) - 1)
+        self.captured.append(isinstance(getattr(self.model.train_function, "__self__", None), StepCapture))
+
+
+def test_a_dataset_of_unknown_length_runs_out_inside_a_sampled_step(tmp_path):
+    # the filter hides the length: each epoch ends with a call that finds no data and never reaches
+    # on_train_batch_end; after epoch 0 it is a sampled step's call, running the capture function
+    import tensorflow as tf
+
+    (x, y), _ = helpers.digits()
+    data = tf.data.Dataset.from_tensor_slices((x[:1000], y[:1000])).filter(lambda *_: True).batch(100)
+    model, probe = mlp(), StepsRun()
+    cb = TripwireCallback({"collections": {"gradients": {}, "losses": {}}, "sampling": {"every": 2}},
+                          out_dir=tmp_path / "run")
+    model.fit(data, epochs=3, verbose=0, callbacks=[probe, cb])
+    assert len(probe.steps) == 30
+    sampled = [s for s in probe.steps if s % 2 == 0]
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == sampled
+    assert probe.captured == [s % 2 == 0 for s in probe.steps]  # the next epoch is back on Keras' own function
 
 
 class ManualStep(keras.Sequential):

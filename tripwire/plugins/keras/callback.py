@@ -136,7 +136,14 @@ class TripwireCallback(keras.callbacks.Callback):
 
     # -- evaluation -----------------------------------------------------------------------------------------------
     def on_epoch_end(self, epoch, logs=None):
-        """Validation inside fit: its metrics under Keras' own `val_` names, in mode eval."""
+        """Validation inside fit: its metrics under Keras' own `val_` names, in mode eval.
+
+        A dataset of unknown length ends its epoch with a call that finds no data and gets no
+        `on_train_batch_end`: if that call was sampled, its capture is dropped here (there is no step to record)
+        and Keras' own train function put back."""
+        if self._sampled:
+            self._sampled = ()
+            self._capture.end()
         self._record_eval({k: v for k, v in (logs or {}).items() if k.startswith("val_")},
                           int(self._fit_model.optimizer.iterations))
 
