@@ -116,6 +116,50 @@ def test_a_dataset_of_unknown_length_runs_out_inside_a_sampled_step(tmp_path):
     assert probe.captured == [s % 2 == 0 for s in probe.steps]  # the next epoch is back on Keras' own function
 
 
+def test_batches_with_a_none_part_are_captured(tmp_path):
+    # a generator's None (here: no sample weights) reaches the compiled step as an empty tf Optional
+    (x, y), _ = helpers.digits()
+
+    def batches():
+        while True:
+            for i in range(0, 1000, 100):
+                yield x[i:i + 100], y[i:i + 100], None
+
+    model = mlp()
+    cb = TripwireCallback({"collections": {"gradients": {}, "losses": {}}, "sampling": {"every": 2}},
+                          out_dir=tmp_path / "run")
+    model.fit(batches(), steps_per_epoch=5, epochs=2, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [0, 2, 4, 6, 8]
+
+
+class OwnTrainFunction(keras.Sequential):
+    """A model that makes its train function itself: one that counts its calls."""
+
+    calls = 0
+
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        function = self.train_function
+
+        def counted(iterator):
+            self.calls += 1
+            return function(iterator)
+
+        self.train_function = counted
+        return counted
+
+
+def test_a_model_that_makes_its_own_train_function_is_captured_through_it(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = OwnTrainFunction([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = TripwireCallback({"collections": {"gradients": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False)
+    assert model.calls == 43  # every step, the sampled ones too, ran a function the model made
+    assert tripwire.open_run(cb.run_url).tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [0, 10, 20, 30, 40]
+
+
 class ManualStep(keras.Sequential):
     """A train step that applies gradients itself, past model.optimizer."""
 
