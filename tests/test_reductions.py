@@ -1,5 +1,7 @@
 """Reductions: core numpy definitions, and the torch device path held to them."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -62,6 +64,18 @@ def test_saturated_fraction_from_layer_outputs(kind):
         assert np.isnan(got) and np.isnan(device)
     else:
         assert got == pytest.approx(0.6) and device == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("loc", [0.0, 3e19])  # the variance from the sum of squares, or from the deviations
+def test_finite_values_whose_squares_overflow_float32(loc):
+    # a diverging run: every value finite, the float32 sum of squares not (l2, var and nonfinite_count read it)
+    x = np.random.default_rng(2).normal(loc=loc, scale=1e19, size=(64, 64)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing for the training run's log either
+        got = reduce(x, KIND_FREE)
+    ref = x.astype(np.float64)
+    for name in KIND_FREE:
+        assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, nan_ok=True), name
 
 
 def test_nonfinite_and_empty():

@@ -66,7 +66,7 @@ class _Parts:
 
     def sumsq(self) -> float:
         if self._sq is None:
-            self._sq = float(np.dot(self.x, self.x))
+            self._sq = _sum_of_squares(self.x)
         return self._sq
 
     def abs(self) -> np.ndarray:
@@ -83,7 +83,7 @@ class _Parts:
                 self._var = max(second - mean * mean, 0.0)
             else:
                 d = self.x - self.x.dtype.type(mean)
-                self._var = float(np.dot(d, d)) / self.n
+                self._var = _sum_of_squares(d) / self.n
         return self._var
 
     def percentiles(self) -> tuple[float, float]:
@@ -125,6 +125,17 @@ class _Parts:
             return float(np.mean(hit))
         share = hit.reshape(hit.shape[0], -1).mean(axis=0)
         return float(np.mean(share >= 1.0 - ACTIVE_SHARE))
+
+
+def _sum_of_squares(x: np.ndarray) -> float:
+    """x·x; where float32 squares overflow (finite values past ~1.8e19, a diverging run) again in float64, so that
+    only a NaN or ±Inf element makes it NaN or Inf, and numpy has no overflow to warn the training run about."""
+    with np.errstate(over="ignore"):
+        sq = float(np.dot(x, x))
+    if not math.isfinite(sq) and x.dtype != np.float64:
+        x = x.astype(np.float64)
+        sq = float(np.dot(x, x))
+    return sq
 
 
 def _sum(x: np.ndarray) -> float:
