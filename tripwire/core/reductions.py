@@ -132,7 +132,7 @@ def _sum_of_squares(x: np.ndarray) -> float:
     only a NaN or ±Inf element makes it NaN or Inf, and numpy has no overflow to warn the training run about."""
     with np.errstate(over="ignore"):
         sq = float(np.dot(x, x))
-    if not math.isfinite(sq) and x.dtype != np.float64:
+    if sq == math.inf and x.dtype != np.float64:  # NaN: an element is NaN, float64 would not change it
         x = x.astype(np.float64)
         sq = float(np.dot(x, x))
     return sq
