@@ -198,7 +198,7 @@ class StepCapture:
 
         Keras' own nests its step function in a second tf.function and hands the logs out through a tf.data
         Optional: for a capture function, whose logs carry every captured tensor, that is a second trace
-        and instantiation (~35 ms) and ~20 us per tensor per call. Keras' epoch iterator turns the
+        and instantiation (~30 ms) and ~20 us per tensor per call. Keras' epoch iterator turns the
         OutOfRangeError of an exhausted dataset into StopIteration, as for its own function."""
         import tensorflow as tf
 
