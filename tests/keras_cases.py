@@ -210,6 +210,46 @@ def test_evaluate_after_fit_appends_its_metrics_to_the_run(tmp_path):
     assert run.tensor("metrics/val_loss").reduction(43, mode="eval") == pytest.approx(loss, rel=1e-4)
 
 
+def test_predict_records_its_outputs_in_mode_predict(tmp_path):
+    config = {"collections": {"losses": {}, "predictions": {"reductions": ["mean", "l2", "max"]}},
+              "sampling": {"every": 10}, "rules": ["exploding_tensor"]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model = fit(cb, epochs=1, validation=False)
+    _, (xv, _) = helpers.digits()
+    outputs = model.predict(xv, batch_size=100, verbose=0, callbacks=[cb])  # 450 rows: 5 batches, the last short
+    run = tripwire.open_run(cb.run_url)
+    assert run.modes() == ["predict", "train"] and run.steps(mode="predict") == [43]
+    assert run.info["status"] == "finished" and not run.verdicts()
+    predictions = run.tensor("predictions")
+    assert predictions.reduction(43, "mean", mode="predict") == pytest.approx(float(np.mean(outputs)), rel=1e-5)
+    assert predictions.reduction(43, "l2", mode="predict") == pytest.approx(float(np.linalg.norm(outputs)), rel=1e-5)
+    assert predictions.reduction(43, "max", mode="predict") == pytest.approx(float(np.max(outputs)))
+
+
+def test_nan_predictions_fire_exploding_tensor_in_mode_predict(tmp_path):
+    config = {"collections": {"predictions": {"save": "tensors"}},
+              "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}]}
+    model = mlp()
+    kernel = model.layers[-1].kernel
+    kernel.assign(np.where(np.arange(kernel.shape[1]) == 3, np.nan, keras.ops.convert_to_numpy(kernel)))
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    _, (xv, _) = helpers.digits()
+    outputs = model.predict(xv, batch_size=128, verbose=0, callbacks=[cb])
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    assert (verdict.mode, verdict.step) == ("predict", 0) and "predictions" in verdict.message
+    run = tripwire.open_run(cb.run_url)
+    assert run.info["status"] == "finished"  # nothing to stop: the predictions are all made
+    saved = run.tensor("predictions").value(0, mode="predict")
+    assert saved.shape == (450, 10) and np.isnan(saved[:, 3]).all() and np.array_equal(saved, outputs, equal_nan=True)
+
+
+def test_predict_without_predictions_in_the_config_writes_nothing(tmp_path):
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    _, (xv, _) = helpers.digits()
+    mlp().predict(xv, verbose=0, callbacks=[cb])
+    assert cb.run_url is None and not (tmp_path / "run").exists()
+
+
 def test_a_learning_rate_schedule_is_read_at_the_step(tmp_path):
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
     model = mlp()

@@ -218,6 +218,35 @@ print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("tripwi
 """
 
 
+def test_predictions_past_the_writer_limit_are_left_out_with_a_warning(tmp_path, caplog):
+    """The outputs of a predict call wait for its end in memory: no more of them than the writer's queue holds."""
+    config = {"collections": {"predictions": {"save": "tensors"}}, "writer": {"max_queue_mb": 20_000 / 2**20}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    _, (xv, _) = helpers.digits()
+    with caplog.at_level(logging.WARNING, logger="tripwire"):
+        outputs = mlp().predict(xv, batch_size=100, verbose=0, callbacks=[cb])  # 4,000 bytes a batch
+    assert sum("max_queue_mb" in r.getMessage() for r in caplog.records) == 1
+    saved = tripwire.open_run(cb.run_url).tensor("predictions").value(0, mode="predict")
+    np.testing.assert_array_equal(saved, outputs[:200])
+
+
+class TwoOutputs(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = keras.layers.Dense(3), keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.first(x), self.second(x)
+
+
+def test_predict_of_a_model_with_several_outputs_records_the_first(tmp_path):
+    cb = TripwireCallback({"collections": {"predictions": {"save": "tensors"}}}, out_dir=tmp_path / "run")
+    keras.utils.set_random_seed(0)
+    first, _ = TwoOutputs().predict(np.ones((40, 5), np.float32), batch_size=16, verbose=0, callbacks=[cb])
+    saved = tripwire.open_run(cb.run_url).tensor("predictions").value(0, mode="predict")
+    np.testing.assert_array_equal(saved, first)
+
+
 def test_fit_imports_nothing_of_tripwire_or_its_storage(tmp_path):
     """Importing fsspec the first time costs tens of milliseconds (compiling it, without bytecode caches): the
     callback prepares the run's filesystem when it is made, so that fit does not pay for it."""

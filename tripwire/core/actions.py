@@ -43,6 +43,8 @@ def apply(verdict, actions, write_report) -> Decision:
     for action in actions:
         if action.name == "log":
             log.warning("tripwire: %s", verdict.describe())
+        elif action.name == "stop" and verdict.mode == "predict":  # predict is outside training and over by now
+            log.warning("tripwire: rule %s fired on predictions (step %s); nothing to stop", verdict.rule, verdict.step)
         elif action.name == "stop":
             decision.stop = True
             log.warning("tripwire: stopping training after step %s: rule %s fired (%s)", verdict.step, verdict.rule,

@@ -20,7 +20,7 @@ class ExplodingTensor(Rule):
     regex: str = ""  # restrict to tensor names matching this (re.search)
 
     name = "exploding_tensor"
-    modes = ("train", "eval")
+    modes = ("train", "eval", "predict")
     condition = ("a captured tensor holds a NaN or ±Inf (reduction nonfinite_count > 0, or any reduction or "
                  "scalar not finite) at the step evaluated")
     hint = ("Values overflowed. Likely causes: a learning rate too high, a division by ~0 or log(0) in the loss, "

@@ -8,7 +8,8 @@ needs tensors from inside it (capture.py); `on_train_batch_end` adds the
 metrics Keras logged, records the sample, runs the rules and acts:
 `stop` sets `model.stop_training`, `checkpoint` writes a `.keras` file
 through fsspec, `raise` closes the run and raises. Each epoch's validation
-metrics (`val_*`) are recorded in mode eval at the step the epoch ended.
+metrics (`val_*`) are recorded in mode eval at the step the epoch ended;
+`model.predict` records its outputs as `predictions` in mode predict.
 
 Under JAX, reading `self.model` in a callback copies the training state back
 into the model; batch hooks therefore use the reference taken when training
@@ -27,6 +28,7 @@ import numpy as np
 
 from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.reductions import reduce as reduce_numpy
 
 from .capture import StepCapture
 from .hooks import hook_model
@@ -59,6 +61,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._sampled: tuple = ()
         self._state = "finished"
         self._verdicts: list = []
+        self._predicted: Predicted | None = None
 
     @property
     def verdicts(self) -> list:
@@ -170,6 +173,34 @@ class TripwireCallback(keras.callbacks.Callback):
         if values and self._plan.at("eval", step):
             self._decide(self._recorder.record(step, "eval", values), step)
 
+    # -- prediction -----------------------------------------------------------------------------------------------
+    def on_predict_begin(self, logs=None):
+        """`model.predict(..., callbacks=[cb])`, if the config has `predictions`: the outputs of the whole call,
+        recorded once it ends, in mode predict at the model's step, in this callback's run."""
+        optimizer = getattr(self.model, "optimizer", None)  # none on a model never compiled
+        step = int(optimizer.iterations) if optimizer is not None else 0
+        plan = next((c for c in self._plan.at("predict", step) if c.name == "predictions"), None)
+        limit = int(self.config.writer.max_queue_mb * (1 << 19))  # half the writer's queue: the sample fits in it
+        self._predicted = Predicted(step, plan, limit) if plan is not None and plan.selects("", "") else None
+
+    def on_predict_batch_end(self, batch, logs=None):
+        if self._predicted is not None:
+            self._predicted.add((logs or {}).get("outputs"))
+
+    def on_predict_end(self, logs=None):
+        predicted, self._predicted = self._predicted, None
+        if predicted is None or not predicted.batches:
+            return
+        values, tensors = predicted.sample()
+        inside_fit = self._recorder is not None  # predict called from a callback during fit: the run stays open
+        if not inside_fit:
+            self._open(self.model)
+        try:
+            self._decide(self._recorder.record(predicted.step, "predict", values, tensors), predicted.step)
+        finally:
+            if not inside_fit:
+                self._close(self._state)
+
     # -- decisions ------------------------------------------------------------------------------------------------
     def _decide(self, decision, step: int) -> None:
         decision = decision.merge(self._recorder.poll()) if decision else self._recorder.poll()
@@ -203,3 +234,40 @@ class TripwireCallback(keras.callbacks.Callback):
                 self._recorder.finish(state)
             finally:
                 self._recorder, self._capture = None, None
+
+
+class Predicted:
+    """The outputs of one `model.predict` call, kept until it ends (as predict keeps them itself), up to `limit`
+    bytes (half of `writer.max_queue_mb`): past it the later batches are left out, with a warning, so that memory
+    stays bounded and the sample fits in the writer's queue."""
+
+    def __init__(self, step: int, plan, limit: int):
+        self.step, self.plan, self.limit = step, plan, limit
+        self.batches: list = []
+        self.size = 0
+        self.skipped = 0
+
+    def add(self, outputs) -> None:
+        if isinstance(outputs, (tuple, list)):  # several outputs: the first, as in training
+            outputs = outputs[0] if outputs else None
+        if outputs is None:  # a dict of outputs: Keras spreads it over the logs under the outputs' names
+            if not self.skipped:
+                log.warning("tripwire: model.predict returned no single output or list of outputs, so no "
+                            "predictions were captured (a model with a dict of outputs is not supported).")
+            self.skipped += 1
+            return
+        array = np.asarray(keras.ops.convert_to_numpy(outputs))
+        if self.skipped or self.size + array.nbytes > self.limit:  # the first batches, without a gap
+            if not self.skipped:
+                log.warning("tripwire: the predictions of this model.predict call pass half of writer.max_queue_mb; "
+                            "only those of its first %d batches are captured.", len(self.batches))
+            self.skipped += 1
+            return
+        self.batches.append(array)
+        self.size += array.nbytes
+
+    def sample(self) -> tuple[dict, dict]:
+        """({"predictions": reductions}, {"predictions": array} if the config saves tensors)."""
+        array = np.concatenate(self.batches) if len(self.batches) > 1 else self.batches[0]
+        values = {"predictions": reduce_numpy(array, self.plan.reductions, "")}
+        return values, ({"predictions": array} if self.plan.save_tensors else {})
