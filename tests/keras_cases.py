@@ -276,6 +276,9 @@ def test_device_reductions_follow_the_core_definitions():
         got = keras.ops.convert_to_numpy(reduce_ops(x, names, kind)).astype(float)
         want = np.array([reduce(x, names, kind)[r] for r in names])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{kind}: {names}")
+    diverged = rng.normal(scale=1e19, size=(64, 64)).astype("float32")  # finite; its float32 squares overflow
+    l2 = float(keras.ops.convert_to_numpy(reduce_ops(diverged, ["l2"]))[0])
+    assert l2 == pytest.approx(float(np.linalg.norm(diverged.astype(np.float64))), rel=1e-5)
 
 
 def test_training_on_an_accelerator_reduces_in_the_step(tmp_path, monkeypatch):

@@ -40,14 +40,25 @@ def reduce_ops(x, names, kind: str = ""):
     mean = lambda: once("mean", lambda: ops.mean(flat))  # noqa: E731
     var = lambda: once("var", lambda: ops.mean(ops.square(flat - mean())))  # noqa: E731
     absolute = lambda: once("abs", lambda: ops.abs(flat))  # noqa: E731
+    abs_max = lambda: once("abs_max", lambda: ops.max(absolute()))  # noqa: E731
     percentiles = lambda: once("p", lambda: ops.quantile(flat, [0.05, 0.95]))  # noqa: E731
     out = []
     for name in names:
         if name not in COMPUTE:
             raise ValueError(f"unknown reduction {name!r}")
         out.append(ops.cast(COMPUTE[name](x=x, flat=flat, shape=shape, kind=kind, mean=mean, var=var,
-                                          absolute=absolute, percentiles=percentiles), flat.dtype))
+                                          absolute=absolute, abs_max=abs_max, percentiles=percentiles), flat.dtype))
     return ops.stack(out)
+
+
+def _l2(flat, abs_max):
+    """The norm of x scaled by its largest absolute value: float32 squares overflow past ~1.8e19 (a diverging
+    run), and float64, which would avoid it, JAX does not compute by default."""
+    if flat.shape[0] == 0:
+        return ops.sqrt(ops.sum(ops.square(flat)))
+    scale = abs_max()
+    scale = ops.where(ops.logical_and(ops.isfinite(scale), ops.greater(scale, 0)), scale, ops.ones_like(scale))
+    return ops.sqrt(ops.sum(ops.square(flat / scale))) * scale
 
 
 def _saturated(x, shape, kind):
@@ -91,10 +102,10 @@ COMPUTE = {
     "min": lambda flat, **_: ops.min(flat),
     "max": lambda flat, **_: ops.max(flat),
     "l1": lambda absolute, **_: ops.sum(absolute()),
-    "l2": lambda flat, **_: ops.sqrt(ops.sum(ops.square(flat))),
+    "l2": lambda flat, abs_max, **_: _l2(flat, abs_max),
     "abs_mean": lambda absolute, **_: ops.mean(absolute()),
     "abs_min": lambda absolute, **_: ops.min(absolute()),
-    "abs_max": lambda absolute, **_: ops.max(absolute()),
+    "abs_max": lambda abs_max, **_: abs_max(),
     "zero_fraction": lambda flat, **_: ops.mean(ops.cast(ops.equal(flat, 0), flat.dtype)),
     "nonfinite_count": lambda flat, **_: ops.sum(ops.cast(ops.logical_not(ops.isfinite(flat)), flat.dtype)),
     "dead_fraction": lambda x, shape, **_: _dead(x, shape),

@@ -42,6 +42,11 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
             memo["vm"] = torch.var_mean(x, correction=0)
         return memo["vm"]
 
+    def abs_max():
+        if "am" not in memo:
+            memo["am"] = x.abs().max()
+        return memo["am"]
+
     for name in names:
         if name == "mean":
             out.append(var_mean()[1])
@@ -57,13 +62,13 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
         elif name == "l1":
             out.append(torch.linalg.vector_norm(x, 1))
         elif name == "l2":
-            out.append(torch.linalg.vector_norm(x, 2))
+            out.append(_l2(x, abs_max()) if x.numel() else torch.linalg.vector_norm(x, 2))
         elif name == "abs_mean":
             out.append(torch.linalg.vector_norm(x, 1) / n)
         elif name == "abs_min":
             out.append(x.abs().min())
         elif name == "abs_max":
-            out.append(x.abs().max())
+            out.append(abs_max())
         elif name == "zero_fraction":
             out.append((x == 0).sum() / n)
         elif name == "nonfinite_count":
@@ -85,6 +90,13 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
         else:
             raise ValueError(f"unknown reduction {name!r}")
     return torch.stack([o.to(torch.float64 if x.dtype == torch.float64 else torch.float32) for o in out])
+
+
+def _l2(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The norm of x scaled by its largest absolute value: float32 squares overflow past ~1.8e19 (a diverging
+    run), and float64, which would avoid it, costs more and some accelerators have none."""
+    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.ones_like(scale))
+    return torch.linalg.vector_norm(x / scale, 2) * scale
 
 
 def _saturated(y: torch.Tensor, kind: str) -> torch.Tensor:
