@@ -226,6 +226,7 @@ def test_checkpoint_action_writes_through_fsspec_to_a_memory_run():
     fs.rm(url.rsplit("/", 1)[0], recursive=True)
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # resumed into a fresh folder, on purpose
 def test_resume_from_checkpoint_appends_to_the_same_run(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
