@@ -230,6 +230,25 @@ def test_predictions_past_the_writer_limit_are_left_out_with_a_warning(tmp_path,
     np.testing.assert_array_equal(saved, outputs[:200])
 
 
+class PredictEachEpoch(keras.callbacks.Callback):
+    def __init__(self, tripwire_callback, x):
+        super().__init__()
+        self.tripwire_callback, self.x = tripwire_callback, x
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.predict(self.x, verbose=0, callbacks=[self.tripwire_callback])
+
+
+def test_predict_during_fit_records_into_the_open_run(tmp_path):
+    config = {"collections": {"losses": {}, "predictions": {}}, "sampling": {"every": 10}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    _, (xv, _) = helpers.digits()
+    fit(cb, epochs=2, validation=False, callbacks=[PredictEachEpoch(cb, xv[:64])])
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps(mode="predict") == [43, 86] and run.steps() == list(range(0, 86, 10))
+    assert run.info["status"] == "finished"
+
+
 class TwoOutputs(keras.Model):
     def __init__(self):
         super().__init__()

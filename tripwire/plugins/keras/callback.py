@@ -245,23 +245,23 @@ class Predicted:
         self.step, self.plan, self.limit = step, plan, limit
         self.batches: list = []
         self.size = 0
-        self.skipped = 0
+        self.full = False  # a batch was left out: so are all later ones, and the warning is given
 
     def add(self, outputs) -> None:
         if isinstance(outputs, (tuple, list)):  # several outputs: the first, as in training
             outputs = outputs[0] if outputs else None
+        if self.full:
+            return
         if outputs is None:  # a dict of outputs: Keras spreads it over the logs under the outputs' names
-            if not self.skipped:
-                log.warning("tripwire: model.predict returned no single output or list of outputs, so no "
-                            "predictions were captured (a model with a dict of outputs is not supported).")
-            self.skipped += 1
+            self.full = True
+            log.warning("tripwire: model.predict returned no single output or list of outputs, so no "
+                        "predictions were captured (a model with a dict of outputs is not supported).")
             return
         array = np.asarray(keras.ops.convert_to_numpy(outputs))
-        if self.skipped or self.size + array.nbytes > self.limit:  # the first batches, without a gap
-            if not self.skipped:
-                log.warning("tripwire: the predictions of this model.predict call pass half of writer.max_queue_mb; "
-                            "only those of its first %d batches are captured.", len(self.batches))
-            self.skipped += 1
+        if self.size + array.nbytes > self.limit:  # the first batches, without a gap
+            self.full = True
+            log.warning("tripwire: the predictions of this model.predict call pass half of writer.max_queue_mb; "
+                        "only those of its first %d batches are captured.", len(self.batches))
             return
         self.batches.append(array)
         self.size += array.nbytes
