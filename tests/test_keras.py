@@ -86,6 +86,21 @@ def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_pa
     assert run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [3, 11, 23, 31, 42]
 
 
+def test_a_model_compiled_with_xla_is_captured(tmp_path):
+    # XLA cannot compile the dataset's get_next: the capture function must keep it outside the compiled step
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    cb = TripwireCallback({"collections": {"gradients": {}, "losses": {}}, "sampling": {"every": 10}},
+                          out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False)
+    run = tripwire.open_run(cb.run_url)
+    gradient = run.tensor(f"gradients/{model.layers[0].kernel.path}")
+    assert gradient.steps() == run.tensor("losses/train").steps() == [0, 10, 20, 30, 40]
+    l2 = gradient.series("l2")[1]
+    assert np.all(np.isfinite(l2) & (l2 > 0))
+
+
 class StepsRun(keras.callbacks.Callback):
     """Listed before tripwire's callback: the steps Keras ran, and which of them ran tripwire's capture function."""
 

@@ -185,7 +185,7 @@ class StepCapture:
         """The capture function, traced at its first call with the hooks in place."""
         model = self.model
         if (self.backend == "tensorflow" and not model.run_eagerly and (model.steps_per_execution or 1) == 1
-                and model.distribute_strategy.num_replicas_in_sync == 1
+                and not model.jit_compile and model.distribute_strategy.num_replicas_in_sync == 1
                 and type(model).make_train_function.__module__.startswith("keras.")):  # else: the model's own
             return self._one_step_function()
         current = model.train_function
@@ -199,7 +199,9 @@ class StepCapture:
         Keras' own nests its step function in a second tf.function and hands the logs out through a tf.data
         Optional: for a capture function, whose logs carry every captured tensor, that is a second trace
         and instantiation (~30 ms) and ~20 us per tensor per call. Keras' epoch iterator turns the
-        OutOfRangeError of an exhausted dataset into StopIteration, as for its own function."""
+        OutOfRangeError of an exhausted dataset into StopIteration, as for its own function. Not for a model
+        compiled with XLA (`jit_compile=True`): XLA cannot compile the dataset's get_next, which Keras keeps
+        in the outer function."""
         import tensorflow as tf
 
         model, strategy = self.model, self.model.distribute_strategy
@@ -211,7 +213,7 @@ class StepCapture:
             logs = strategy.run(model.train_step, args=(data,))
             return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], logs)
 
-        return tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+        return tf.function(one_step, reduce_retracing=True)
 
     @contextlib.contextmanager
     def _hooks(self, key):
