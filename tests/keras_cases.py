@@ -100,7 +100,7 @@ def test_rule_without_its_data_says_no_data(tmp_path):
     assert verdict.status == "no_data" and verdict.rule == "overfit" and "metrics" in verdict.message
 
 
-def test_unsampled_steps_run_keras_own_train_function(tmp_path, monkeypatch):
+def test_only_sampled_steps_run_a_capture_function(tmp_path, monkeypatch):
     emitted = []
     emit = capture_module.StepCapture.emit
     monkeypatch.setattr(capture_module.StepCapture, "emit",
@@ -108,11 +108,11 @@ def test_unsampled_steps_run_keras_own_train_function(tmp_path, monkeypatch):
     seen = {}
 
     class Spy(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.keras_own = self.model.train_function
+        def on_train_begin(self, logs=None):  # after tripwire's: Keras' function or tripwire's tf_step
+            self.unsampled = self.model.train_function
 
         def on_train_batch_begin(self, batch, logs=None):
-            seen[batch] = self.model.train_function is self.keras_own
+            seen[batch] = self.model.train_function is self.unsampled
 
     config = {"collections": {"gradients": {"every": 4}, "losses": {"every": 4}}}
     cb = TripwireCallback(config, out_dir=tmp_path / "run")
@@ -128,16 +128,16 @@ def test_unsampled_steps_run_keras_own_train_function(tmp_path, monkeypatch):
 
 
 def test_a_step_that_samples_only_the_loss_takes_the_loss_of_that_step(tmp_path):
-    """On TensorFlow Keras' own train function keeps the loss (no capture function runs for it): the same
+    """On TensorFlow the function of the unsampled steps keeps the loss (no capture function runs for it): the same
     values as a capture function takes, step by step."""
     swapped = {}
 
     class Spy(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.keras_own = self.model.train_function
+            self.unsampled = self.model.train_function
 
         def on_train_batch_begin(self, batch, logs=None):
-            swapped[batch] = self.model.train_function is not self.keras_own
+            swapped[batch] = self.model.train_function is not self.unsampled
 
     runs = {}
     for name, collections in (("loss only", {"losses": {"every": 4}}),
@@ -147,7 +147,7 @@ def test_a_step_that_samples_only_the_loss_takes_the_loss_of_that_step(tmp_path)
         fit(cb, epochs=1, validation=False, callbacks=[Spy()])
         runs[name] = tripwire.open_run(cb.run_url).tensor("losses/train").series()
         if name == "loss only" and keras.backend.backend() == "tensorflow":
-            assert not any(swapped.values())  # Keras' own function ran every step, the sampled ones too
+            assert not any(swapped.values())  # the unsampled steps' function ran every step, the sampled ones too
     (steps, losses), (steps_g, losses_g) = runs["loss only"], runs["with gradients"]
     assert steps.tolist() == steps_g.tolist() == list(range(0, 43, 4))
     np.testing.assert_allclose(losses, losses_g, rtol=1e-6)
@@ -188,6 +188,19 @@ def test_raise_action_closes_the_run_and_raises(tmp_path):
     run = tripwire.open_run(cb.run_url)
     assert run.info["status"] == "stopped" and run.verdicts()[0].rule == "exploding_tensor"
     assert not isinstance(getattr(model.train_function, "__self__", None), capture_module.StepCapture)
+
+
+def test_training_with_tripwire_ends_with_the_same_weights_as_without(tmp_path):
+    # every hook and function swap of the plugin in play: capture functions on sampled steps, loss-only steps,
+    # and (TensorFlow) the one-step function of the unsampled steps
+    config = {"collections": {c: {} for c in ("weights", "gradients", "updates", "activations", "inputs", "losses")},
+              "sampling": {"every": 3}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    with_tripwire = fit(cb, epochs=2).get_weights()
+    without = fit(None, epochs=2).get_weights()
+    assert len(tripwire.open_run(cb.run_url).steps()) == 29
+    for a, b in zip(with_tripwire, without):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_fitting_again_appends_to_the_same_run(tmp_path):

@@ -17,7 +17,7 @@ import tripwire
 from keras_cases import *  # noqa: F401,F403 - collected here, on the TensorFlow backend (conftest.py)
 from keras_models import fired, fit, mlp
 from tripwire.plugins.keras import TripwireCallback
-from tripwire.plugins.keras.capture import StepCapture
+from tripwire.plugins.keras.capture import StepCapture, keras_function_of
 
 HERE = Path(__file__).parent
 SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -101,6 +101,62 @@ def test_a_model_compiled_with_xla_is_captured(tmp_path):
     assert np.all(np.isfinite(l2) & (l2 > 0))
 
 
+def test_unsampled_steps_run_one_step_function_only_during_a_fit_with_tripwire(tmp_path):
+    from tripwire.plugins.keras.tf_step import UnsampledSteps
+
+    model = mlp()
+    model.make_train_function()
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(type(self.model.train_function))
+
+    cb = TripwireCallback({"collections": {"gradients": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1, validation=False, callbacks=[Spy()])
+    assert seen.count(UnsampledSteps) == 43 - 5
+    keras_own = model.train_function  # Keras' function again after the fit: train_on_batch hands it a generator
+    assert not isinstance(keras_own, UnsampledSteps)
+    (x, y), _ = helpers.digits()
+    assert np.isfinite(model.train_on_batch(x[:32], y[:32]))
+    unsampled = cb._unsampled
+    traces = unsampled.function.experimental_get_tracing_count()
+    fit(cb, model, epochs=1, validation=False)  # fitting again reuses the function and its trace
+    assert cb._unsampled is unsampled and unsampled.function.experimental_get_tracing_count() == traces == 1
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fit(cb, model, epochs=1, validation=False)  # a new optimizer: Keras made a new function, and so does tripwire
+    assert cb._unsampled is not unsampled and model.train_function is not keras_own
+    assert not isinstance(model.train_function, UnsampledSteps)
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Listed after tripwire's callback: raises at the start of a batch, as a KeyboardInterrupt would."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 5:
+            raise KeyboardInterrupt
+
+
+def test_a_fit_cut_short_in_a_sampled_step_leaves_keras_function_to_the_next_fit(tmp_path):
+    config = {"collections": {"gradients": {}}, "sampling": {"every": 5}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "a")
+    model = fit(cb, epochs=1, validation=False)
+    keras_own = model.train_function
+    with pytest.raises(KeyboardInterrupt):  # on_train_end never comes: the capture function is still in place
+        fit(cb, model, epochs=1, validation=False, callbacks=[Interrupt()])
+    other, base = TripwireCallback(config, out_dir=tmp_path / "b"), int(model.optimizer.iterations)
+    fit(other, model, epochs=1, validation=False)  # another callback: finds Keras' function under tripwire's
+    assert model.train_function is keras_own
+    assert tripwire.open_run(other.run_url).tensor(f"gradients/{model.layers[0].kernel.path}").steps() == \
+        [s for s in range(base, base + 43) if s % 5 == 0]
+    with pytest.raises(KeyboardInterrupt):
+        fit(cb, model, epochs=1, validation=False, callbacks=[Interrupt()])
+    # compiled again (the same optimizer, hooked already): Keras makes a new function at the next fit
+    model.compile(optimizer=model.optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fit(cb, model, epochs=1, validation=False)  # the same callback: it must not put back the function of before
+    assert model.train_function is not keras_own and keras_function_of(model) is model.train_function
+
+
 class StepsRun(keras.callbacks.Callback):
     """Listed before tripwire's callback: the steps Keras ran, and which of them ran tripwire's capture function."""
 
@@ -129,7 +185,7 @@ def test_a_dataset_of_unknown_length_runs_out_inside_a_sampled_step(tmp_path):
     sampled = [s for s in probe.steps if s % 2 == 0]
     run = tripwire.open_run(cb.run_url)
     assert run.steps() == run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == sampled
-    assert probe.captured == [s % 2 == 0 for s in probe.steps]  # the next epoch is back on Keras' own function
+    assert probe.captured == [s % 2 == 0 for s in probe.steps]  # the next epoch is back on the unsampled steps' function
 
 
 def test_batches_with_a_none_part_are_captured(tmp_path):
@@ -208,7 +264,7 @@ def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, capl
 
 
 def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path, caplog):
-    """Keras' own function keeps no loss there: the first loss-only step finds out and falls back on the logs."""
+    """The unsampled steps' function keeps no loss there: the first loss-only step finds out and falls back on the logs."""
     keras.utils.set_random_seed(0)
     model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -30,8 +30,9 @@ from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce as reduce_numpy
 
-from .capture import StepCapture
+from .capture import StepCapture, keras_function_of
 from .hooks import hook_model
+from .tf_step import UnsampledSteps, unsampled_steps
 
 log = logging.getLogger("tripwire")
 
@@ -55,6 +56,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._plan = self.config.plan()
         self._recorder: Recorder | None = None
         self._capture: StepCapture | None = None
+        self._unsampled: UnsampledSteps | None = None  # kept across fits: its trace serves them all
         self._fit_model = None
         self._base = 0
         self._span = 1
@@ -76,7 +78,8 @@ class TripwireCallback(keras.callbacks.Callback):
         self._open(model)
         hook_model(model)
         self._sampled = ()
-        self._capture = StepCapture(model, self._plan)
+        self._unsampled = unsampled_steps(model, keras_function_of(model), self._unsampled)
+        self._capture = StepCapture(model, self._plan, self._unsampled)
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base = int(model.optimizer.iterations)
 

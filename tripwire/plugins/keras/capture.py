@@ -6,7 +6,7 @@ train step is a compiled function Python does not re-enter. So on a sampled
 step, and only then, the callback swaps `model.train_function` for a capture
 function, traced while these hooks are in place, which are also in place
 whenever it runs (Keras' own `make_train_function`; on TensorFlow, for the
-usual one step per call on one replica, a leaner equivalent: `_one_step_function`):
+usual one step per call on one replica, a leaner equivalent: `tf_step`):
 
 - `model.train_step` is wrapped: inputs and labels, and (TensorFlow) it hands
   the captured tensors out as an extra entry of the step's logs;
@@ -23,7 +23,8 @@ Each costs one more trace and compilation of the train step. On
 TensorFlow, Keras' own function, traced with the loss hook in place, also
 keeps each step's loss in a variable (one assign), so a step that samples
 only the loss runs no capture function and none is traced for it. Unsampled
-steps run Keras' own function; no other hook is in it.
+steps run Keras' own function, or (where `tf_step` covers the model) its
+leaner equivalent; no other hook is in it.
 
 Captured tensors leave the step by one of three routes: eager tensors (torch,
 `run_eagerly`) are handled at once; TensorFlow graph tensors go out through
@@ -50,6 +51,7 @@ from tripwire.core.reductions import reduce as reduce_numpy
 from .hooks import KeptLoss, hooks_of
 from .reduce import COMPUTE as DEVICE_REDUCTIONS
 from .reduce import reduce_ops
+from .tf_step import UnsampledSteps, covers, one_step_function
 
 log = logging.getLogger("tripwire")
 
@@ -76,8 +78,18 @@ def layer_kind(layer) -> str:
     return type(layer).__name__ + (f"/{activation}" if activation else "")
 
 
+def keras_function_of(model):
+    """The model's train function, past any function of tripwire that a fit cut short left in its place."""
+    function = model.train_function
+    if isinstance(function, UnsampledSteps):
+        return function.keras_function
+    owner = getattr(function, "__self__", None)
+    return owner._keras_function if isinstance(owner, StepCapture) else function
+
+
 class StepCapture:
-    def __init__(self, model, plan):
+    def __init__(self, model, plan, unsampled: UnsampledSteps | None = None):
+        """`unsampled`: what runs the unsampled steps in place of Keras' train function until `close`."""
         self.model, self.plan = model, plan
         self.backend = keras.backend.backend()
         self.on_device = on_accelerator(model)
@@ -101,6 +113,9 @@ class StepCapture:
         self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
         self._owners: dict | None = None  # layer path -> layer class
         self._warned: set = set()
+        self._keras_function, self._unsampled = keras_function_of(model), unsampled
+        if unsampled is not None:
+            self._set_train_function(unsampled)
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, collections) -> None:
@@ -148,9 +163,12 @@ class StepCapture:
         return kept if usable else None
 
     def close(self) -> None:
-        if self._normal is not None:
-            self._set_train_function(self._normal)
-            self._normal = None
+        """Keras' train function back in place, unless something else replaced ours (a fit may have been cut
+        short inside a sampled step, and the model compiled again since)."""
+        current = self.model.train_function
+        if current == self._run or (current is not None and current is self._unsampled):
+            self._set_train_function(self._keras_function)
+        self._normal = None
 
     def _set_train_function(self, function) -> None:
         """Past Keras' attribute tracking, which costs more than the swap itself on every sampled step."""
@@ -183,37 +201,12 @@ class StepCapture:
 
     def _make(self):
         """The capture function, traced at its first call with the hooks in place."""
-        model = self.model
-        if (self.backend == "tensorflow" and not model.run_eagerly and (model.steps_per_execution or 1) == 1
-                and not model.jit_compile and model.distribute_strategy.num_replicas_in_sync == 1
-                and type(model).make_train_function.__module__.startswith("keras.")):  # else: the model's own
-            return self._one_step_function()
-        current = model.train_function
-        model.make_train_function(force=True)
-        function, model.train_function = model.train_function, current
+        if covers(self.model):
+            return one_step_function(self.model)
+        current = self.model.train_function  # else: Keras' own, or the model's own
+        self.model.make_train_function(force=True)
+        function, self.model.train_function = self.model.train_function, current
         return function
-
-    def _one_step_function(self):
-        """What Keras' TensorFlow train function does for one step on one replica, as one tf.function.
-
-        Keras' own nests its step function in a second tf.function and hands the logs out through a tf.data
-        Optional: for a capture function, whose logs carry every captured tensor, that is a second trace
-        and instantiation (~30 ms) and ~20 us per tensor per call. Keras' epoch iterator turns the
-        OutOfRangeError of an exhausted dataset into StopIteration, as for its own function. Not for a model
-        compiled with XLA (`jit_compile=True`): XLA cannot compile the dataset's get_next, which Keras keeps
-        in the outer function."""
-        import tensorflow as tf
-
-        model, strategy = self.model, self.model.distribute_strategy
-
-        @tf.autograph.experimental.do_not_convert
-        def one_step(iterator):
-            data = keras.tree.map_structure(  # as Keras: optional parts of a batch absent from it are None
-                lambda x: None if isinstance(x, tf.experimental.Optional) else x, iterator.get_next())
-            logs = strategy.run(model.train_step, args=(data,))
-            return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], logs)
-
-        return tf.function(one_step, reduce_retracing=True)
 
     @contextlib.contextmanager
     def _hooks(self, key):

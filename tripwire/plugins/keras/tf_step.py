@@ -1,0 +1,73 @@
+"""Keras' TensorFlow train function for the usual case, one step per call on one replica, as one tf.function.
+
+Keras' own nests its step function in a second tf.function, hands the logs out
+through a tf.data Optional and unwraps them with two eager ops in Python, at
+every step: ~150 us a step on a small model, ~30 ms more to compile, and ~20 us
+per logged tensor, which for a capture function (whose logs carry every captured
+tensor) adds up. tripwire builds its capture functions this way, and, while a
+callback fits, runs the unsampled steps through one such function too: it does
+what Keras' does, to the bit, and its compile (the second of a fit, after the
+capture function's) is cheaper. Whatever this does not cover is left to Keras.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def covers(model) -> bool:
+    """Whether a one-step function can stand in for the model's train function.
+
+    Not under `run_eagerly`, for `steps_per_execution` > 1, on several replicas, for a model that makes its own
+    train function, or with XLA (`jit_compile=True`: XLA cannot compile the dataset's get_next, which Keras keeps
+    in the outer function)."""
+    return (keras.backend.backend() == "tensorflow" and not model.run_eagerly
+            and (model.steps_per_execution or 1) == 1 and not model.jit_compile
+            and model.distribute_strategy.num_replicas_in_sync == 1
+            and type(model).make_train_function.__module__.startswith("keras."))
+
+
+def one_step_function(model):
+    """A tf.function that takes the next batch from a dataset iterator and runs `model.train_step` on it.
+
+    As Keras, optional parts of a batch that are absent from it are None. Keras' epoch iterator turns the
+    OutOfRangeError of an exhausted dataset into StopIteration, as for its own function."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step(iterator):
+        data = keras.tree.map_structure(
+            lambda x: None if isinstance(x, tf.experimental.Optional) else x, iterator.get_next())
+        logs = strategy.run(model.train_step, args=(data,))
+        return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], logs)
+
+    return tf.function(one_step, reduce_retracing=True)
+
+
+class UnsampledSteps:
+    """Stands in for Keras' train function during a fit with tripwire: a one-step function for dataset
+    iterators, Keras' own function for anything else it is handed (`train_on_batch` passes a generator)."""
+
+    def __init__(self, model, keras_function):
+        self.model, self.keras_function = model, keras_function
+        self.function = one_step_function(model)
+
+    def __call__(self, iterator):
+        import tensorflow as tf
+
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return self.function(iterator)
+        return self.keras_function(iterator)
+
+
+def unsampled_steps(model, keras_function, previous: UnsampledSteps | None) -> UnsampledSteps | None:
+    """What runs the model's unsampled steps in this fit: `previous` (the last fit's, traced already) while
+    Keras' train function is the one it stands in for, a new one after Keras made another (`compile` does), and
+    None where `covers` says no."""
+    if keras_function is None or not covers(model):
+        return None
+    if previous is not None and previous.model is model and previous.keras_function is keras_function:
+        return previous
+    return UnsampledSteps(model, keras_function)
