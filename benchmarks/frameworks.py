@@ -56,10 +56,10 @@ def keras_fit(with_callback: bool, steps: int, out_dir: str, epochs: int = 1, on
 
         callbacks.append(TripwireCallback(None, out_dir=out_dir))
     elif one_step:
-        from tripwire.plugins.keras.tf_step import unsampled_steps
+        from tripwire.plugins.keras.tf_step import UnsampledSteps
 
         model.make_train_function()
-        model.train_function = unsampled_steps(model, model.train_function, None)
+        model.train_function = UnsampledSteps(model, model.train_function)
     with Clock() as clock:
         model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return clock.to_dict()

@@ -119,13 +119,14 @@ def test_unsampled_steps_run_one_step_function_only_during_a_fit_with_tripwire(t
     assert not isinstance(keras_own, UnsampledSteps)
     (x, y), _ = helpers.digits()
     assert np.isfinite(model.train_on_batch(x[:32], y[:32]))
-    unsampled = cb._unsampled
-    traces = unsampled.function.experimental_get_tracing_count()
-    fit(cb, model, epochs=1, validation=False)  # fitting again reuses the function and its trace
-    assert cb._unsampled is unsampled and unsampled.function.experimental_get_tracing_count() == traces == 1
+    capture = cb._capture
+    functions = [capture._unsampled.function, *capture._functions.values()]
+    fit(cb, model, epochs=1, validation=False)  # fitting again reuses the functions and their traces
+    assert cb._capture is capture and len(functions) == 2
+    assert [f.experimental_get_tracing_count() for f in functions] == [1, 1]
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     fit(cb, model, epochs=1, validation=False)  # a new optimizer: Keras made a new function, and so does tripwire
-    assert cb._unsampled is not unsampled and model.train_function is not keras_own
+    assert cb._capture is not capture and model.train_function is not keras_own
     assert not isinstance(model.train_function, UnsampledSteps)
 
 

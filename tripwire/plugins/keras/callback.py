@@ -30,9 +30,8 @@ from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce as reduce_numpy
 
-from .capture import StepCapture, keras_function_of
+from .capture import StepCapture
 from .hooks import hook_model
-from .tf_step import UnsampledSteps, unsampled_steps
 
 log = logging.getLogger("tripwire")
 
@@ -55,8 +54,7 @@ class TripwireCallback(keras.callbacks.Callback):
         prepare_storage(self.config, out_dir, storage_options)
         self._plan = self.config.plan()
         self._recorder: Recorder | None = None
-        self._capture: StepCapture | None = None
-        self._unsampled: UnsampledSteps | None = None  # kept across fits: its trace serves them all
+        self._capture: StepCapture | None = None  # kept across fits: its traced functions serve them all
         self._fit_model = None
         self._base = 0
         self._span = 1
@@ -78,8 +76,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._open(model)
         hook_model(model)
         self._sampled = ()
-        self._unsampled = unsampled_steps(model, keras_function_of(model), self._unsampled)
-        self._capture = StepCapture(model, self._plan, self._unsampled)
+        if self._capture is None or not self._capture.serves(model):
+            self._capture = StepCapture(model, self._plan)
+        self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base = int(model.optimizer.iterations)
 
@@ -236,7 +235,7 @@ class TripwireCallback(keras.callbacks.Callback):
             try:
                 self._recorder.finish(state)
             finally:
-                self._recorder, self._capture = None, None
+                self._recorder = None
 
 
 class Predicted:

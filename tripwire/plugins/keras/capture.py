@@ -84,12 +84,14 @@ def keras_function_of(model):
     if isinstance(function, UnsampledSteps):
         return function.keras_function
     owner = getattr(function, "__self__", None)
-    return owner._keras_function if isinstance(owner, StepCapture) else function
+    return owner.keras_function if isinstance(owner, StepCapture) else function
 
 
 class StepCapture:
-    def __init__(self, model, plan, unsampled: UnsampledSteps | None = None):
-        """`unsampled`: what runs the unsampled steps in place of Keras' train function until `close`."""
+    """One callback's capture of one model, kept across its fits while Keras' train function stays the same, so
+    that its traced functions serve them all (a loop of one-epoch fits traces once); a fresh one after `compile`."""
+
+    def __init__(self, model, plan):
         self.model, self.plan = model, plan
         self.backend = keras.backend.backend()
         self.on_device = on_accelerator(model)
@@ -113,9 +115,17 @@ class StepCapture:
         self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
         self._owners: dict | None = None  # layer path -> layer class
         self._warned: set = set()
-        self._keras_function, self._unsampled = keras_function_of(model), unsampled
-        if unsampled is not None:
-            self._set_train_function(unsampled)
+        self.keras_function = keras_function_of(model)
+        # what runs the unsampled steps of a fit in place of Keras' function, where tf_step covers the model
+        self._unsampled = UnsampledSteps(model, self.keras_function) if covers(model) else None
+
+    def serves(self, model) -> bool:
+        return model is self.model and keras_function_of(model) is self.keras_function
+
+    def start(self) -> None:
+        """A fit begins."""
+        if self._unsampled is not None:
+            self._set_train_function(self._unsampled)
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, collections) -> None:
@@ -167,7 +177,7 @@ class StepCapture:
         short inside a sampled step, and the model compiled again since)."""
         current = self.model.train_function
         if current == self._run or (current is not None and current is self._unsampled):
-            self._set_train_function(self._keras_function)
+            self._set_train_function(self.keras_function)
         self._normal = None
 
     def _set_train_function(self, function) -> None:

@@ -51,7 +51,7 @@ class UnsampledSteps:
     iterators, Keras' own function for anything else it is handed (`train_on_batch` passes a generator)."""
 
     def __init__(self, model, keras_function):
-        self.model, self.keras_function = model, keras_function
+        self.keras_function = keras_function
         self.function = one_step_function(model)
 
     def __call__(self, iterator):
@@ -60,14 +60,3 @@ class UnsampledSteps:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             return self.function(iterator)
         return self.keras_function(iterator)
-
-
-def unsampled_steps(model, keras_function, previous: UnsampledSteps | None) -> UnsampledSteps | None:
-    """What runs the model's unsampled steps in this fit: `previous` (the last fit's, traced already) while
-    Keras' train function is the one it stands in for, a new one after Keras made another (`compile` does), and
-    None where `covers` says no."""
-    if keras_function is None or not covers(model):
-        return None
-    if previous is not None and previous.model is model and previous.keras_function is keras_function:
-        return previous
-    return UnsampledSteps(model, keras_function)
