@@ -145,7 +145,7 @@ class TripwireCallback(keras.callbacks.Callback):
 
         A dataset of unknown length ends its epoch with a call that finds no data and gets no
         `on_train_batch_end`: if that call was sampled, its capture is dropped here (there is no step to record)
-        and Keras' own train function put back."""
+        and the function of the unsampled steps put back."""
         if self._sampled:
             self._sampled = ()
             self._capture.end()

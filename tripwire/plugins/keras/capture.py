@@ -19,12 +19,12 @@ At most two capture functions are built, each the first time it is needed:
 one that takes only the loss and learning rate (the loss is usually sampled
 most often), and one that takes everything the config can ask for in the
 step; a step that needs less than all of it drops the rest on the host.
-Each costs one more trace and compilation of the train step. On
-TensorFlow, Keras' own function, traced with the loss hook in place, also
-keeps each step's loss in a variable (one assign), so a step that samples
-only the loss runs no capture function and none is traced for it. Unsampled
+Each costs one more trace and compilation of the train step. Unsampled
 steps run Keras' own function, or (where `tf_step` covers the model) its
-leaner equivalent; no other hook is in it.
+leaner equivalent. On TensorFlow that function, traced with the loss hook in
+place, also keeps each step's loss in a variable (one assign), so a step that
+samples only the loss runs no capture function and none is traced for it; no
+other hook is in it.
 
 Captured tensors leave the step by one of three routes: eager tensors (torch,
 `run_eagerly`) are handled at once; TensorFlow graph tensors go out through
@@ -166,7 +166,8 @@ class StepCapture:
         return values, tensors
 
     def _kept_loss_of(self):
-        """The loss Keras' own train function keeps (TensorFlow; traced, if not yet, at the step about to run)."""
+        """The loss the function of the unsampled steps keeps (TensorFlow; traced, if not yet, at the step about
+        to run)."""
         hook = vars(self.model.optimizer).get("scale_loss") if self.model.optimizer is not None else None
         kept = getattr(hook, "kept", None)
         usable = kept is not None and kept.variable is not None and not kept.refused and not self.model.run_eagerly

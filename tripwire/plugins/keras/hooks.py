@@ -1,6 +1,6 @@
 """Hooks on a Keras optimizer: where every train step hands over its loss (`scale_loss`) and its gradients
 (`apply`). They pass calls straight through unless a `StepCapture` is running; on TensorFlow the loss hook
-also keeps each step's loss in Keras' own train function (`KeptLoss`)."""
+also keeps each step's loss in the function of the unsampled steps (`KeptLoss`)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ class LossHook:
 
 
 class KeptLoss:
-    """TensorFlow: Keras' own train function, traced while the loss hook is in place, also writes each step's
-    loss into a variable (one assign in the graph). A step that samples only the loss reads it after the step:
+    """TensorFlow: the function of the unsampled steps (Keras' own, or tripwire's one-step function), traced while
+    the loss hook is in place, also writes each step's loss into a variable (one assign in the graph). A step that samples only the loss reads it after the step:
     no capture function runs, and none is traced for it. Not under a distribution strategy (a plain variable
     cannot be assigned per replica): there a capture function takes the loss, and where the train step calls
     no scale_loss, Keras' logs give it."""

@@ -2,7 +2,7 @@
 
 Keras' own nests its step function in a second tf.function, hands the logs out
 through a tf.data Optional and unwraps them with two eager ops in Python, at
-every step: ~150 us a step on a small model, ~30 ms more to compile, and ~20 us
+every step: 150-250 us a step on a small model, ~30 ms more to compile, and ~20 us
 per logged tensor, which for a capture function (whose logs carry every captured
 tensor) adds up. tripwire builds its capture functions this way, and, while a
 callback fits, runs the unsampled steps through one such function too: it does
