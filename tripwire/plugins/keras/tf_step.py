@@ -51,12 +51,13 @@ class UnsampledSteps:
     iterators, Keras' own function for anything else it is handed (`train_on_batch` passes a generator)."""
 
     def __init__(self, model, keras_function):
-        self.keras_function = keras_function
-        self.function = one_step_function(model)
-
-    def __call__(self, iterator):
         import tensorflow as tf
 
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+        self.keras_function = keras_function
+        self.function = one_step_function(model)
+        self._iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
+
+    def __call__(self, iterator):
+        if isinstance(iterator, self._iterators):
             return self.function(iterator)
         return self.keras_function(iterator)
