@@ -50,10 +50,10 @@ class LossHook:
 
 class KeptLoss:
     """TensorFlow: the function of the unsampled steps (Keras' own, or tripwire's one-step function), traced while
-    the loss hook is in place, also writes each step's loss into a variable (one assign in the graph). A step that samples only the loss reads it after the step:
-    no capture function runs, and none is traced for it. Not under a distribution strategy (a plain variable
-    cannot be assigned per replica): there a capture function takes the loss, and where the train step calls
-    no scale_loss, Keras' logs give it."""
+    the loss hook is in place, also writes each step's loss into a variable (one assign in the graph). A step
+    that samples only the loss reads it after the step: no capture function runs, and none is traced for it.
+    Not under a distribution strategy (a plain variable cannot be assigned per replica): there a capture
+    function takes the loss, and where the train step calls no scale_loss, Keras' logs give it."""
 
     def __init__(self):
         import tensorflow as tf
