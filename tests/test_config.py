@@ -33,17 +33,18 @@ def test_packaged_default_loads_and_plans_rule_requirements():
 
 
 def test_reductions_a_rule_reads_in_a_window_of_steps_are_taken_only_there():
-    # poor_weight_initialization reads gradient percentiles and weight variance in the first 10 steps only
+    # poor_weight_initialization reads the weights' std and variance in the first steps only
     plan = tripwire.load_config({"rules": [{"rule": "poor_weight_initialization", "params": {"steps": 3}},
-                                           {"rule": "tensor_variance"}]}).plan()
+                                           {"rule": "all_zero", "params": {"collections": ["gradients"]}},
+                                           "exploding_tensor"]}).plan()
     at = lambda step: {c.name: c.reductions for c in plan.at("train", step)}  # noqa: E731
-    # a step sampled only for the window takes only the window's reductions; one the schedule samples, all
-    assert at(2) == {"gradients": ("p5", "p95"), "weights": ("std", "var", "fan_in")}
-    assert at(0) == {"gradients": ("p5", "p95"), "weights": ("var", "std", "fan_in")}
+    # a step sampled only for the window takes the window's reductions, and the NaN count every sampled step
+    # needs (without it exploding_tensor would have nothing but the window's reductions to judge)
+    assert at(2) == {"weights": ("std", "var", "nonfinite_count")}
+    assert at(0)["weights"] == ("std", "var", "nonfinite_count")
+    assert at(0)["gradients"] == ("zero_fraction", "nonfinite_count")
     assert at(3) == {}  # past the window, and not a step of the schedule
-    # gradients are read only in the window; weights every 100 steps by tensor_variance
-    assert "gradients" not in at(100) and "fan_in" not in at(100)["weights"]
-    assert "var" in at(100)["weights"]  # tensor_variance reads it at every sample
+    assert at(100) == {"losses": ("value",), "gradients": ("zero_fraction", "nonfinite_count")}
     assert plan.at("train", 1)[0] is plan.at("train", 2)[0]  # the step's plan is made once, not per step
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tripwire.core.reductions import REDUCTIONS, reduce
+from tripwire.core.reductions import MIN_BATCH, REDUCTIONS, applicable, reduce
 from tripwire.plugins.torch import reduce as torch_reduce
 
 REFERENCE = {
@@ -17,7 +17,6 @@ REFERENCE = {
     "nonfinite_count": lambda x: (~np.isfinite(x)).sum(),
     "dead_fraction": lambda x: (~(x > 0).reshape(x.shape[0], -1).any(axis=0)).mean(),
     "p5": lambda x: np.percentile(x, 5), "p95": lambda x: np.percentile(x, 95), "size": np.size,
-    "fan_in": lambda x: x.size / x.shape[0] if x.ndim > 1 else np.nan,
 }
 KIND_FREE = [r for r in REDUCTIONS if r != "saturated_fraction"]
 
@@ -41,7 +40,8 @@ def test_numpy_reductions_match_definitions(case):
     x = arrays()[case]
     got = reduce(x, KIND_FREE)
     ref = x.astype(np.float64)
-    for name in KIND_FREE:
+    assert list(got) == list(applicable(KIND_FREE, x.shape))  # dead units only where the batch can tell
+    for name in got:
         assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, abs=1e-6 * float(np.abs(ref).max() + 1),
                                           nan_ok=True), name
 
@@ -58,12 +58,24 @@ def test_saturated_fraction_from_layer_outputs(kind):
     pre[:1, 30:40] = 40.0  # saturated in only 1 sample of 200: not saturated
     f = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Linear": lambda v: v}[kind]
     y = f(pre).astype(np.float32)
-    got = reduce(y, ["saturated_fraction"], kind)["saturated_fraction"]
-    device = torch_reduce._on_device(torch.from_numpy(y), ["saturated_fraction"], kind).item()
-    if kind == "Linear":
-        assert np.isnan(got) and np.isnan(device)
+    got = reduce(y, ["saturated_fraction"], kind)
+    if kind == "Linear":  # not a saturating layer: the reduction is absent, not NaN
+        assert got == {} and applicable(["saturated_fraction"], y.shape, kind) == ()
     else:
-        assert got == pytest.approx(0.6) and device == pytest.approx(0.6)
+        device = torch_reduce._on_device(torch.from_numpy(y), ["saturated_fraction"], kind).item()
+        assert got["saturated_fraction"] == pytest.approx(0.6) and device == pytest.approx(0.6)
+
+
+def test_a_reduction_that_does_not_apply_is_absent_never_nan():
+    """BatchNorm scales are 1-D, a batch of 4 cannot tell a dead unit from a quiet one, an empty tensor has no
+    mean: those reductions are left out, so a NaN in a stored reduction always means a NaN in the data."""
+    small_batch = np.maximum(np.random.default_rng(0).normal(size=(MIN_BATCH - 1, 8)), 0).astype(np.float32)
+    assert "dead_fraction" not in reduce(small_batch, ["dead_fraction", "mean"], "ReLU")
+    assert "dead_fraction" in reduce(np.vstack([small_batch, small_batch]), ["dead_fraction"], "ReLU")
+    norm_scale = np.ones(64, dtype=np.float32)
+    assert set(reduce(norm_scale, REDUCTIONS, "BatchNorm1d")) == set(REDUCTIONS) - {"saturated_fraction"}
+    for values in reduce(norm_scale, REDUCTIONS, "BatchNorm1d").values():
+        assert np.isfinite(values)
 
 
 @pytest.mark.parametrize("loc", [0.0, 3e19])  # the variance from the sum of squares, or from the deviations
@@ -74,10 +86,11 @@ def test_finite_values_whose_squares_overflow_float32(loc):
         warnings.simplefilter("error")  # nothing for the training run's log either
         got = reduce(x, KIND_FREE)
     ref = x.astype(np.float64)
-    for name in KIND_FREE:
+    for name in got:
         assert got[name] == pytest.approx(float(REFERENCE[name](ref)), rel=1e-5, nan_ok=True), name
     # the accelerator path, run here on CPU: l2 too (var, ~1e38 and more, is past what its float32 results hold)
-    device = dict(zip(KIND_FREE, torch_reduce._on_device(torch.from_numpy(x), KIND_FREE).tolist()))
+    names = applicable(KIND_FREE, x.shape)
+    device = dict(zip(names, torch_reduce._on_device(torch.from_numpy(x), names).tolist()))
     assert device["l2"] == pytest.approx(float(np.linalg.norm(ref)), rel=1e-5)
 
 
@@ -85,17 +98,18 @@ def test_nonfinite_and_empty():
     x = np.ones((10, 10), dtype=np.float32)
     x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
     assert reduce(x, ["nonfinite_count"])["nonfinite_count"] == 3
-    out = reduce(np.zeros((0, 3)), ["mean", "nonfinite_count"])
-    assert np.isnan(out["mean"]) and out["nonfinite_count"] == 0
+    out = reduce(np.zeros((0, 3)), ["mean", "nonfinite_count", "size", "l2"])
+    assert out == {"nonfinite_count": 0, "size": 0, "l2": 0}  # an empty tensor has no mean
 
 
 @pytest.mark.parametrize("case", list(arrays()))
 def test_torch_device_path_matches_numpy(case):
     """The accelerator code path, run here on CPU tensors, against the numpy definitions."""
     x = arrays()[case]
-    device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), KIND_FREE).tolist()
+    names = applicable(KIND_FREE, x.shape)
+    device_values = torch_reduce._on_device(torch.from_numpy(np.ascontiguousarray(x)), names).tolist()
     ref = reduce(x, KIND_FREE)
-    for name, value in zip(KIND_FREE, device_values):
+    for name, value in zip(names, device_values):
         assert value == pytest.approx(ref[name], rel=1e-4, abs=1e-5 * float(np.abs(x).max() + 1), nan_ok=True), name
 
 

@@ -6,7 +6,9 @@ optional name map) is compared at every step and mode both hold it: the full
 values where both saved them, else the reductions both captured. The
 tolerance is absolute up to `switch_step` (float noise has not grown yet, so
 any real change shows) and relative after it (noise grows with training);
-NaN never equals anything. The answer is the first diverging step and, at
+a NaN agrees only with a NaN in the other run at the same place. A reduction
+that only one run holds (it does not apply, or was not captured there) is not
+compared. The answer is the first diverging step and, at
 that step, the diverging tensors in the order the model computes them, so the
 earliest layer that differs comes first.
 
@@ -42,7 +44,7 @@ LAST_PHASE = 8  # metrics, custom and anything else
 
 @dataclass(frozen=True)
 class Tolerance:
-    """|a - b| <= atol at steps <= switch_step; relative error <= rtol after. NaN never passes."""
+    """|a - b| <= atol at steps <= switch_step; relative error <= rtol after. A NaN passes only against a NaN."""
 
     atol: float = 1e-5
     rtol: float = 0.05
@@ -260,9 +262,10 @@ def _scales(va, vb, reductions) -> np.ndarray:
 
 def _errors(a, b, element_units, scale):
     """Absolute and relative errors, elementwise. Relative to max(|a|, |b|), and for numbers in the elements'
-    units also to the tensor's largest element `scale` (one per row). Equal infinities agree; NaN stays NaN."""
+    units also to the tensor's largest element `scale` (one per row). Equal infinities agree, and so do NaNs at
+    the same place (both runs hold a NaN there: they computed the same); a NaN against a number stays NaN."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        diff = np.where(a == b, 0.0, np.abs(a - b))
+        diff = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))
         floor = np.where(np.asarray(element_units, dtype=bool)[None, :], np.asarray(scale)[:, None], 0.0)
         rel = np.where(diff == 0, 0.0, diff / np.fmax(np.fmax(np.abs(a), np.abs(b)), floor))
     return diff, np.where(np.isinf(diff), np.inf, rel)

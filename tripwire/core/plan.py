@@ -50,11 +50,11 @@ def plan_collections(config) -> dict[str, CollectionPlan]:
     plans = {}
     for name, body in wanted.items():
         scalar = name in SCALAR_COLLECTIONS
-        reductions = (VALUE,) if scalar else tuple(dict.fromkeys([*body.get("reductions", DEFAULT_REDUCTIONS),
-                                                                   *everywhere]))
+        own = body.get("reductions", DEFAULT_REDUCTIONS)
         save_tensors = body.get("save") == "tensors" and not scalar
-        if not (reductions or save_tensors):  # only read in a window of steps: sampled there alone
+        if not (scalar or own or save_tensors):  # only read in a window of steps: sampled there alone
             body = {**body, "every": 0, "steps": [], "modes": {}}
+        reductions = (VALUE,) if scalar else tuple(dict.fromkeys([*own, *everywhere]))
         plans[name] = CollectionPlan(
             name=name,
             reductions=reductions,
@@ -62,6 +62,9 @@ def plan_collections(config) -> dict[str, CollectionPlan]:
             schedules={m: resolved_schedule(config, body, m) for m in MODES},
             include=tuple(body.get("include", ())),
             exclude=tuple(body.get("exclude", ())),
-            windows=tuple((steps, (VALUE,) if scalar else reductions) for steps, reductions in windows.get(name, ())),
+            # a step sampled for a window is a sampled step: the reductions wanted everywhere (the NaN count
+            # exploding_tensor reads) are taken there too
+            windows=tuple((steps, (VALUE,) if scalar else tuple(dict.fromkeys([*extra, *everywhere])))
+                          for steps, extra in windows.get(name, ())),
         )
     return plans

@@ -7,6 +7,11 @@ absolute value) so that asking for many reductions costs little more than
 asking for one; float32 data is reduced with float32 BLAS kernels and float64
 accumulation of their partial results. `std` and `var` are the population ones
 (ddof=0).
+
+A reduction that does not apply to a tensor is absent from the result, never
+NaN or 0 (`applicable`): the saturation of a ReLU layer, the mean of an empty
+tensor, the dead units of a batch too small to tell. So a NaN in a stored
+reduction always means a NaN in the data.
 """
 
 from __future__ import annotations
@@ -29,17 +34,22 @@ DESCRIPTIONS = {
     "abs_max": "largest absolute value",
     "zero_fraction": "fraction of elements exactly zero",
     "nonfinite_count": "number of NaN and ±Inf elements",
-    "dead_fraction": "fraction of units (the elements of one sample; axis 0 is the batch) never positive in it",
+    "dead_fraction": "fraction of units (the elements of one sample; axis 0 is the batch) never positive in it; "
+                     "only for batches of at least 16 samples",
     "saturated_fraction": "for tanh and sigmoid layer outputs: fraction of units saturated in at least 99% of the "
-                          "batch (input beyond ±9.4999 for tanh, outside (-23, 16.99999) for sigmoid)",
+                          "batch (input beyond ±9.4999 for tanh, outside (-23, 16.99999) for sigmoid); only for "
+                          "batches of at least 16 samples",
     "p5": "5th percentile (linear interpolation)",
     "p95": "95th percentile (linear interpolation)",
     "size": "number of elements",
-    "fan_in": "inputs per output unit of a weight: elements / output units ([out, in, …] layout, or [in, out] "
-              "for kind 'in_out'); NaN for 1-D tensors and embedding tables, which have none",
 }
 SATURATION_INPUTS = {"tanh": (-9.4999, 9.4999), "sigmoid": (-23.0, 16.99999)}  # smdebug SaturatedActivation
 ACTIVE_SHARE = 0.01  # a unit active in less than 1% of the samples is dead or saturated (smdebug)
+# Whether a unit is ever active says little about a handful of samples: a healthy unit is off for about half
+# of them, so in a batch of 4 one unit in 16 looks dead. Below this batch size the unit reductions are absent.
+MIN_BATCH = 16
+UNIT_REDUCTIONS = ("dead_fraction", "saturated_fraction")
+EMPTY_REDUCTIONS = ("sum", "l1", "l2", "size", "nonfinite_count")  # defined for an empty tensor (sums over nothing)
 REDUCTIONS = tuple(DESCRIPTIONS)
 DEFAULT_REDUCTIONS = ("mean", "std", "min", "max", "l2")
 
@@ -107,16 +117,9 @@ class _Parts:
             positive = positive.reshape(positive.shape[0], -1).any(axis=0)
         return float(1.0 - np.count_nonzero(positive) / positive.size)
 
-    def fan_in(self) -> float:
-        if len(self.shape) < 2 or "embed" in self.kind:
-            return float("nan")
-        return float(self.n / self.shape[-1 if self.kind == "in_out" else 0])
-
     def saturated(self) -> float:
         """From the outputs: an input beyond the bound gives an output beyond the bound's image."""
-        kind = next((k for k in SATURATION_INPUTS if k in self.kind), None)
-        if kind is None:
-            return float("nan")
+        kind = saturating(self.kind)
         low, high = SATURATION_INPUTS[kind]
         f = np.tanh if kind == "tanh" else (lambda v: 1.0 / (1.0 + np.exp(-v)))
         y = self.x.reshape(self.shape)
@@ -125,6 +128,33 @@ class _Parts:
             return float(np.mean(hit))
         share = hit.reshape(hit.shape[0], -1).mean(axis=0)
         return float(np.mean(share >= 1.0 - ACTIVE_SHARE))
+
+
+def saturating(kind: str) -> str | None:
+    """The saturating activation ('tanh' or 'sigmoid') a layer kind names, or None."""
+    kind = kind.lower()
+    return next((k for k in SATURATION_INPUTS if k in kind), None)
+
+
+def applicable(names, shape, kind: str = "") -> tuple:
+    """The reductions among `names` that apply to a tensor of this shape coming out of a layer of this kind.
+
+    Absent: every reduction but sums and counts for an empty tensor; `saturated_fraction` outside tanh and sigmoid
+    layers; both unit reductions for fewer than MIN_BATCH samples (an unknown batch size, None in a traced
+    shape, is assumed large enough). Every plugin asks this before it reduces, on the host or on a device."""
+    shape = tuple(shape)
+    if any(d == 0 for d in shape):
+        return tuple(n for n in names if n in EMPTY_REDUCTIONS)
+    out = []
+    for name in names:
+        if name in UNIT_REDUCTIONS:
+            batch = shape[0] if len(shape) >= 2 else (shape[0] if shape else 1)
+            if batch is not None and batch < MIN_BATCH:
+                continue
+            if name == "saturated_fraction" and saturating(kind) is None:
+                continue
+        out.append(name)
+    return tuple(out)
 
 
 def _sum_of_squares(x: np.ndarray) -> float:
@@ -205,19 +235,19 @@ _COMPUTE = {
     "p5": lambda p: p.percentiles()[0],
     "p95": lambda p: p.percentiles()[1],
     "size": lambda p: float(p.n),
-    "fan_in": lambda p: p.fan_in(),
 }
 
 
 def reduce(array, names, kind: str = "") -> dict[str, float]:
-    """Every named reduction of one array, as floats. Empty arrays give NaN (and 0 for counts).
+    """The named reductions of one array that apply to it (`applicable`), as floats.
 
     kind: the layer type the array comes out of (e.g. 'Tanh'), for reductions that depend on it."""
     x = np.asarray(array)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
+    names = applicable(names, x.shape, kind)
     if x.size == 0:
-        return {n: (0.0 if n in ("nonfinite_count", "size") else float("nan")) for n in names}
+        return {n: 0.0 for n in names}
     parts = _Parts(np.ascontiguousarray(x).reshape(-1), x.shape, kind)
     if math.isfinite(parts.sumsq()):  # no NaN or ±Inf, and no sum can overflow: numpy has nothing to warn about
         return {n: _COMPUTE[n](parts) for n in names}

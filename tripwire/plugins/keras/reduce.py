@@ -18,13 +18,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS
+from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS, saturating
 
 
 def reduce_ops(x, names, kind: str = ""):
-    """The named reductions of one tensor as a 1-D float tensor, in the order of `names`.
+    """The named reductions of one tensor as a 1-D float tensor, in the order of `names`, which must apply to it
+    (tripwire.core.reductions.applicable).
 
-    kind: as for tripwire.core.reductions.reduce (the layer type, or 'in_out' for a [in, out] kernel)."""
+    kind: as for tripwire.core.reductions.reduce (the layer type)."""
     x = ops.convert_to_tensor(x)
     shape = tuple(x.shape)
     if keras.backend.standardize_dtype(x.dtype) != "float64":
@@ -63,9 +64,7 @@ def _l2(flat, abs_max):
 
 def _saturated(x, shape, kind):
     """Fraction of units (elements of one sample) beyond the saturation bounds in at least 99% of the batch."""
-    kind = next((k for k in SATURATION_INPUTS if k in kind.lower()), None)
-    if kind is None:
-        return float("nan")
+    kind = saturating(kind)
     f = np.tanh if kind == "tanh" else (lambda v: 1.0 / (1.0 + np.exp(-v)))
     dtype = keras.backend.standardize_dtype(x.dtype)
     low, high = (float(np.array(f(v)).astype(dtype)) for v in SATURATION_INPUTS[kind])
@@ -88,12 +87,6 @@ def _units(shape) -> int:
     return math.prod(shape[1:]) if None not in shape[1:] else -1
 
 
-def _fan_in(shape, kind):
-    if len(shape) < 2 or None in shape or "embed" in kind.lower():
-        return float("nan")
-    return math.prod(shape) / shape[-1 if kind == "in_out" else 0]
-
-
 COMPUTE = {
     "mean": lambda mean, **_: mean(),
     "var": lambda var, **_: var(),
@@ -113,5 +106,4 @@ COMPUTE = {
     "p5": lambda percentiles, **_: percentiles()[0],
     "p95": lambda percentiles, **_: percentiles()[1],
     "size": lambda flat, **_: ops.size(flat),
-    "fan_in": lambda shape, kind, **_: _fan_in(shape, kind),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS
+from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS, applicable, saturating
 from tripwire.core.reductions import reduce as reduce_numpy
 
 _FLOAT_HOST = (torch.float32, torch.float64)
@@ -29,6 +29,7 @@ def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
 
 
 def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
+    """The named reductions, which must apply to the tensor (`applicable`), as one tensor on its device."""
     x = t.detach()
     shape = x.shape
     x = x.reshape(-1)
@@ -79,12 +80,9 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
                 positive = positive.reshape(shape[0], -1).any(dim=0)
             out.append(1 - positive.sum() / max(positive.numel(), 1))
         elif name == "saturated_fraction":
-            out.append(_saturated(x.reshape(shape), kind.lower()))
+            out.append(_saturated(x.reshape(shape), kind))
         elif name == "size":
             out.append(torch.tensor(float(x.numel()), device=x.device))
-        elif name == "fan_in":
-            none = len(shape) < 2 or "embed" in kind.lower()
-            out.append(torch.tensor(float("nan") if none else x.numel() / shape[0], device=x.device))
         elif name in ("p5", "p95"):
             out.append(_percentile(x, 5 if name == "p5" else 95))
         else:
@@ -100,9 +98,7 @@ def _l2(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _saturated(y: torch.Tensor, kind: str) -> torch.Tensor:
-    kind = next((k for k in SATURATION_INPUTS if k in kind), None)
-    if kind is None:
-        return torch.tensor(float("nan"), device=y.device)
+    kind = saturating(kind)
     f = torch.tanh if kind == "tanh" else torch.sigmoid
     low, high = (f(torch.tensor(v, dtype=y.dtype, device=y.device)) for v in SATURATION_INPUTS[kind])
     hit = ((y <= low) | (y >= high)).float()
@@ -129,6 +125,7 @@ class Reductions:
         self._device: list[tuple[str, tuple, torch.Tensor]] = []
 
     def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "") -> None:
+        names = names if names == ("value",) else applicable(names, tensor.shape, kind)
         if not names:
             return
         if tensor.is_cpu:
@@ -142,8 +139,11 @@ class Reductions:
             self._device.append((name, names, _on_device(tensor, names, kind)))
 
     def add_scalar(self, name: str, value) -> None:
+        """One number: a Python number, a one-element tensor, or the mean of a tensor of several (a loss per
+        sample, taken with reduction 'none', is the batch's loss)."""
         if isinstance(value, torch.Tensor):
-            self.add(name, value, ("value",))
+            value = value.detach()
+            self.add(name, value if value.numel() == 1 else value.float().mean(), ("value",))
         else:
             self.values[name] = {"value": float(value)}
 
