@@ -59,6 +59,7 @@ class OnRank(Rule):
     start: int = 2
 
     name = "on_rank"
+    severity = "error"  # a decision to stop: `stop` acts on errors
     condition = "the evaluating process is collective rank `rank` and the step is at least `start`"
     hint = "A test rule."
 

@@ -78,7 +78,7 @@ def test_export_reads_back_with_event_accumulator(tmp_path):
         assert value.num == w.size and value.min == pytest.approx(w.min()) and value.max == pytest.approx(w.max())
         assert value.sum == pytest.approx(float(w.sum(dtype=np.float64)), abs=1e-6) and sum(value.bucket) == w.size
     (text,) = train.Tensors("verdicts/exploding_tensor")
-    assert text.step == 7 and b"**exploding_tensor** fired at step 7" in text.tensor_proto.string_val[0]
+    assert text.step == 7 and b"**exploding_tensor** error at step 7" in text.tensor_proto.string_val[0]
     assert b"hint" in text.tensor_proto.string_val[0]
 
 

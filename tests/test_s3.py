@@ -51,7 +51,7 @@ def test_live_reading_and_watch_over_s3(s3_server):
     out, _ = trainer.communicate(timeout=240)
     assert trainer.returncode == 0, out
     watch_out, _ = watcher.communicate(timeout=120)
-    assert watcher.returncode == 1 and "fired at step 40" in watch_out, watch_out
+    assert watcher.returncode == 1 and "error at step 40" in watch_out, watch_out
     run.refresh()
     assert 40 < run.steps()[-1] < 399 and run.info["status"] == "stopped"
 

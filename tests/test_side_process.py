@@ -47,7 +47,7 @@ def test_watch_stops_a_live_run_from_another_process(tmp_path):
     assert trainer.returncode == 0, out
     watch_out, _ = watcher.communicate(timeout=60)
     assert watcher.returncode == 1, watch_out  # a rule fired: exit code of `check`
-    assert "[exploding_tensor] fired at step 30" in watch_out
+    assert "[exploding_tensor] error at step 30" in watch_out
 
     outcome = json.loads(result.read_text())
     (verdict,) = [v for v in tripwire.open_run(str(run_dir)).verdicts() if v.fired]
@@ -144,7 +144,7 @@ def test_watch_retries_a_storage_outage_and_goes_on(tmp_path):
     assert trainer.returncode == 0, out
     err = log_path.read_text()
     assert watcher.returncode == 1, watch_out + err
-    assert "[exploding_tensor] fired at step 30" in watch_out and "Traceback" not in err
+    assert "[exploding_tensor] error at step 30" in watch_out and "Traceback" not in err
     outcome = json.loads(result.read_text())
     assert outcome["verdicts"][0]["step"] == 30 and 30 < outcome["global_step"] < 400
 

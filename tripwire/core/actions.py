@@ -3,6 +3,8 @@
 `log`, `report` and `call` are done here. `stop` and `checkpoint` need the
 framework, so they come back to the plugin in a `Decision` (which it may
 first agree on across ranks); `raise` is raised by the plugin after them.
+`stop` and `raise` act on `error` verdicts unless the config lowers their
+severity (`{stop: warning}`): only a broken run is stopped by default.
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ class Decision:
             raise RuleFired(self.raise_for)
 
 
+LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
+
+
 def apply(verdict, actions, write_report) -> Decision:
-    """Run a fired verdict's actions; `write_report()` writes the run's report."""
+    """Run a fired verdict's actions that act on its severity; `write_report()` writes the run's report."""
     decision = Decision(verdicts=[verdict])
     for action in actions:
+        if not action.acts_on(verdict):
+            continue
         if action.name == "log":
-            log.warning("tripwire: %s", verdict.describe())
+            log.log(LOG_LEVELS[verdict.severity], "tripwire: %s", verdict.describe())
         elif action.name == "stop" and verdict.mode == "predict":  # predict is outside training and over by now
             log.warning("tripwire: rule %s fired on predictions (step %s); nothing to stop", verdict.rule, verdict.step)
         elif action.name == "stop":

@@ -170,11 +170,16 @@ def _check(args) -> int:
     return _verdict_exit(verdicts)
 
 
-def _verdict_exit(verdicts) -> int:
-    fired = [v for v in verdicts if v.fired]
-    errors = [v for v in verdicts if v.status == "error"]
-    print(f"{len(fired)} rule(s) fired" + (f", {len(errors)} failed" if errors else "") + ".")
-    return 1 if fired else (2 if errors else 0)
+def _verdict_exit(verdicts, quiet: bool = False) -> int:
+    """1 if a verdict of severity warning or error fired (info verdicts are only worth a look), else 2 if a rule
+    failed, else 0."""
+    counted = [v for v in verdicts if v.counts]
+    info = sum(v.fired and not v.counts for v in verdicts)
+    failed = [v for v in verdicts if v.status == "error"]
+    if not quiet:
+        print(f"{len(counted)} finding(s) at warning or error" + (f", {info} at info" if info else "")
+              + (f", {len(failed)} rule(s) failed" if failed else "") + ".")
+    return 1 if counted else (2 if failed else 0)
 
 
 def _watch(args) -> int:
@@ -196,9 +201,7 @@ def _watch(args) -> int:
     say = (lambda v: None) if args.quiet else (lambda v: print(v.describe(), flush=True))
     verdicts = watch(run, _config(args.config), on_verdict=say, idle_timeout_s=args.idle_timeout,
                      give_up_s=args.give_up_after, ended_after_s=args.ended_after, trust_run=args.trust_run)
-    if not args.quiet:
-        return _verdict_exit(verdicts)
-    return 1 if any(v.fired for v in verdicts) else (2 if any(v.status == "error" for v in verdicts) else 0)
+    return _verdict_exit(verdicts, args.quiet)
 
 
 def _show(args) -> int:
@@ -261,9 +264,10 @@ def _ls(args) -> int:
         steps = ("-" if r["error"] else "?") if r["steps"] is None else r["steps"]
         step = "-" if r["last_step"] is None else r["last_step"]
         status = r["status"] if not r["error"] else f"unreadable: {r['error']}"
-        no_data = f" (+{r['no_data']} no data)" if r["no_data"] else ""
+        more = "".join(f" (+{r[key]} {label})" for key, label in (("info", "info"), ("no_data", "no data"))
+                       if r[key])
         print(f"{r['name']:{width}} {r['framework'] or '?':10} {steps:>7} {step:>9} {status:9} "
-              f"{_when(r['created']):19} {r['verdicts']}{no_data}")
+              f"{_when(r['created']):19} {r['verdicts']}{more}")
     return 0
 
 

@@ -19,17 +19,34 @@ from .naming import COLLECTIONS, MODES, SCALAR_COLLECTIONS, VALUE
 from .plan import plan_collections
 from .reductions import REDUCTIONS
 from .sampling import SCHEDULE_KEYS, CapturePlan
+from .verdict import SEVERITIES
 
 ACTIONS = ("stop", "checkpoint", "log", "report", "raise", "call")
+
+
+# Actions that end training act on verdicts of at least this severity, unless the config names another
+# (`{stop: warning}`): only a broken run is stopped by default.
+ENDING_ACTIONS = ("stop", "raise")
 
 
 @dataclass(frozen=True)
 class ActionSpec:
     name: str  # one of ACTIONS
     target: str | None = None  # 'module:function' for `call`
+    severity: str | None = None  # `stop` and `raise`: the least severity they act on, if not the default
+
+    @property
+    def least_severity(self) -> str:
+        """The least severe verdict this action acts on: `error` for stop and raise unless set, else `info`."""
+        return self.severity or ("error" if self.name in ENDING_ACTIONS else "info")
+
+    def acts_on(self, verdict) -> bool:
+        return SEVERITIES.index(verdict.severity) <= SEVERITIES.index(self.least_severity)
 
     def to_yaml(self):
-        return {"call": self.target} if self.name == "call" else self.name
+        if self.name == "call":
+            return {"call": self.target}
+        return {self.name: self.severity} if self.severity else self.name
 
 
 @dataclass(frozen=True)
@@ -272,7 +289,8 @@ def _build(data: Any, c: _Checker) -> Config:
     config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
                     collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
                     tensorboard=dict(tb), source=c.source, left_out=tuple(c.left_out))
-    if not plan_collections(config) and not c.left_out:
+    clock = any(spec.create().idle for spec in rules)  # judged by the clock: needs no capture
+    if not plan_collections(config) and not c.left_out and not clock:
         c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
                    "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
     return config
@@ -375,8 +393,12 @@ def _kind(default) -> str:
 
 
 def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ENDING_ACTIONS:
+        name, severity = next(iter(value.items()))
+        c.choice(severity, path + (name,), SEVERITIES)
+        return ActionSpec(name, severity=severity)
     if isinstance(value, dict):
-        raw = c.mapping(value, path, ("call",))
+        raw = c.mapping(value, path, ("call", *ENDING_ACTIONS))
         target = c.string(raw.get("call"), path + ("call",))
         module_name, _, attr = target.partition(":")
         if not module_name.strip() or not attr.strip():

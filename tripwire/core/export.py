@@ -127,7 +127,8 @@ def verdict_value(verdict):
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2
     from tensorboard.plugins.text import plugin_data_pb2
 
-    label = {"fired": "fired", "no_data": "had no data", "error": "failed"}.get(verdict.status, verdict.status)
+    label = {"fired": verdict.severity, "no_data": "had no data", "error": "failed"}.get(verdict.status,
+                                                                                       verdict.status)
     text = (f"**{verdict.rule}** {label} at step {verdict.step} ({verdict.mode}, worker {verdict.worker}): "
             f"{verdict.message}" + (f"\n\n*hint:* {verdict.hint}" if verdict.hint else ""))
     metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(

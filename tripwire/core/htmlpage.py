@@ -38,7 +38,7 @@ section{background:#fff;border:1px solid #e3e5e8;border-radius:8px;padding:14px 
 table{border-collapse:collapse;width:100%} th,td{text-align:left;vertical-align:top;padding:5px 8px;
 border-bottom:1px solid #eee} table.summary th{width:170px;color:#555;font-weight:600}
 table.verdicts td:first-child{font-variant-numeric:tabular-nums} table.verdicts td:nth-child(4){width:42%}
-tr.fired td{background:#fff4f4}
+tr.fired td{background:#fff4f4}tr.fired.info td{background:#f4f8ff}
 tr.no_data td,tr.error td{color:#666} pre{background:#f3f4f6;padding:6px 8px;border-radius:4px;font-size:12px;
 white-space:pre-wrap;word-break:break-word;margin:6px 0 0} .note{color:#777;font-style:italic;margin:4px 0}
 img.plot{max-width:100%;height:auto;display:block;margin:8px 0}

@@ -28,7 +28,8 @@ def list_runs(root: str, storage_options: dict | None = None) -> list[dict]:
     """One row per run under `root` (at any depth), oldest first: name, url, run_id, framework, status, created,
     steps (how many steps the run holds in mode train, or in its busiest mode if it has no train steps; the most
     of any worker; None where unknown), steps_by_mode ({mode: count}), last_step (the latest step of any mode),
-    verdicts (fired), no_data, error (why the run could not be read, or None)."""
+    verdicts (fired at warning or error), info (fired at info), no_data, error (why the run could not be read, or
+    None)."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
@@ -85,7 +86,8 @@ def _find(fs, pool, root: str) -> list[tuple[str, dict]]:
 
 def _summarise(fs, folder: str, entries: dict) -> dict:
     row = {"folder": folder, "run_id": None, "framework": None, "status": "unreadable", "created": None,
-           "steps": None, "steps_by_mode": {}, "last_step": None, "verdicts": 0, "no_data": 0, "error": None}
+           "steps": None, "steps_by_mode": {}, "last_step": None, "verdicts": 0, "info": 0, "no_data": 0,
+           "error": None}
     try:
         names = [MANIFEST]
         for sub in ("status", "verdicts"):
@@ -110,7 +112,9 @@ def _summarise(fs, folder: str, entries: dict) -> dict:
         row.update(run_id=manifest.get("run_id"), framework=manifest.get("framework"), created=manifest.get("created"),
                    status=run_status({i: s for i, s in enumerate(statuses.values())}, stale_s=max(120.0, 20 * flush_s)),
                    last_step=max(steps, default=None),
-                   verdicts=sum(v.get("status") == "fired" for v in verdicts),
+                   verdicts=sum(v.get("status") == "fired" and v.get("severity", "warning") != "info"
+                                for v in verdicts),
+                   info=sum(v.get("status") == "fired" and v.get("severity") == "info" for v in verdicts),
                    no_data=sum(v.get("status") == "no_data" for v in verdicts))
         by_mode = _step_counts(fs, folder, entries, statuses)
         if by_mode is not None:

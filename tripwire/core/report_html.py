@@ -20,6 +20,7 @@ import numpy as np
 from .htmlpage import escape, note, page, when, write_url
 from .naming import VALUE, collection_of, path_of
 from .progress import Progress
+from .verdict import SEVERITIES
 
 log = logging.getLogger("tripwire")
 REPORT = "report.html"
@@ -99,10 +100,11 @@ def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
             parts.append(f'<section id="{anchor}"><h2>{title}</h2>{"".join(body)}</section>')
             bar.update()
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t, _ in sections)
-    fired = sum(v.fired for v in verdicts)
+    counted, info_only = sum(v.counts for v in verdicts), sum(v.fired and not v.counts for v in verdicts)
     status = f'<span class="badge {html.escape(info["status"])}">{html.escape(info["status"])}</span>'
     head = (f"<h1>tripwire report: {escape(info.get('run_id') or run.url)} {status}</h1>"
-            f'<p class="sub">{escape(run.url)} · {fired} rule(s) fired</p><nav>{nav}</nav>')
+            f'<p class="sub">{escape(run.url)} · {counted} finding(s) at warning or error, {info_only} at info</p>'
+            f"<nav>{nav}</nav>")
     return page(f"tripwire report: {info.get('run_id') or run.url}", head, "".join(parts))
 
 
@@ -128,8 +130,9 @@ def _summary(run, info: dict, verdicts: list) -> list:
                      + (f" and {len(names) - 4} more" if len(names) > 4 else "")))
     if info.get("lost_steps") or info.get("dropped_steps"):
         rows.append(("lost", f"{info['lost_steps']} steps lost to storage errors, {info['dropped_steps']} dropped"))
-    rows.append(("verdicts", ", ".join(f"{sum(v.status == s for v in verdicts)} {s}"
-                                       for s in ("fired", "no_data", "error"))))
+    rows.append(("verdicts", ", ".join([*(f"{sum(v.fired and v.severity == s for v in verdicts)} {s}"
+                                          for s in SEVERITIES),
+                                        *(f"{sum(v.status == s for v in verdicts)} {s}" for s in ("no_data", "error"))])))
     rows += [(key, value if isinstance(value, str) else json.dumps(value, default=str))
              for key, value in info.items() if key not in known]
     table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
@@ -145,8 +148,10 @@ def _verdicts(verdicts: list, info: dict) -> list:
     rows = []
     for v in verdicts:
         evidence = json.dumps(v.to_dict()["evidence"], separators=(", ", ": ")) if v.evidence else ""
-        rows.append(f'<tr class="{escape(v.status)}"><td>{v.step}</td><td>{escape(v.mode)} / {v.worker}</td>'
-                    f"<td><b>{escape(v.rule)}</b><br><small>{escape(v.status)} · {escape(v.source)}</small></td>"
+        what = v.severity if v.fired else v.status
+        rows.append(f'<tr class="{escape(v.status)} {escape(what)}"><td>{v.step}</td><td>{escape(v.mode)} / '
+                    f"{v.worker}</td><td><b>{escape(v.rule)}</b><br><small>{escape(what)} · {escape(v.source)}"
+                    "</small></td>"
                     f'<td>{escape(v.message)}{f"<pre>{escape(evidence)}</pre>" if evidence else ""}</td>'
                     f"<td>{escape(v.hint)}</td></tr>")
     return ['<table class="verdicts"><tr><th>step</th><th>mode / worker</th><th>rule</th><th>message and evidence'

@@ -7,8 +7,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 STATUSES = ("fired", "no_data", "error")
+# How bad a fired verdict is. error: the run is broken (NaN, every unit dead, nothing learns); warning: likely a
+# problem; info: worth a look. The default `stop` acts on errors; `tripwire check` exits 1 on warnings and errors.
+SEVERITIES = ("error", "warning", "info")
 _FIELD_TYPES = {"rule": (str,), "step": (int,), "message": (str,), "mode": (str,), "worker": (int,),
-                "evidence": (dict,), "hint": (str,), "source": (str,), "time": (float, int)}
+                "evidence": (dict,), "hint": (str,), "source": (str,), "time": (float, int), "severity": (str,),
+                "finding": (str,)}
 
 
 @dataclass(frozen=True)
@@ -17,6 +21,9 @@ class Verdict:
 
     status: "fired" (the condition held), "no_data" (the rule never saw the data it needs),
     "error" (the rule raised; it was disabled for the rest of the run).
+    severity: of a fired verdict, one of SEVERITIES.
+    finding: what the verdict is about, within its rule (e.g. a tensor and the side of a threshold): a rule
+    reports each finding once per worker and severity, however often its condition holds again.
     """
 
     rule: str
@@ -29,10 +36,17 @@ class Verdict:
     status: str = "fired"
     source: str = "in_process"  # in_process | side_process | check
     time: float = field(default_factory=time.time)
+    severity: str = "warning"
+    finding: str = ""
 
     @property
     def fired(self) -> bool:
         return self.status == "fired"
+
+    @property
+    def counts(self) -> bool:
+        """A fired warning or error: what `tripwire check` exits 1 on (an info verdict is only worth a look)."""
+        return self.fired and self.severity in ("error", "warning")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -50,11 +64,13 @@ class Verdict:
                 raise TypeError(f"verdict field {key!r} is {known[key]!r:.60}, not {types[0].__name__}")
         if known.get("status", "fired") not in STATUSES:
             raise ValueError(f"verdict status {known['status']!r:.60} is not one of {', '.join(STATUSES)}")
+        if known.get("severity", "warning") not in SEVERITIES:
+            raise ValueError(f"verdict severity {known['severity']!r:.60} is not one of {', '.join(SEVERITIES)}")
         return cls(**known)
 
     def describe(self, with_hint: bool = True) -> str:
         """The verdict as the lines a user reads on a terminal."""
-        label = {"fired": "fired", "no_data": "has no data", "error": "failed"}[self.status]
+        label = {"fired": self.severity, "no_data": "has no data", "error": "failed"}[self.status]
         text = f"[{self.rule}] {label} at step {self.step} ({self.mode}, worker {self.worker}): {self.message}"
         if with_hint and self.hint:
             text += "\n    hint: " + self.hint.strip().replace("\n", "\n          ")
