@@ -19,6 +19,7 @@ from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
 from .history import History
+from .model import ModelInfo
 from .naming import collection_of
 from .rules.engine import RuleEngine
 from .store import FORMAT_VERSION, MANIFEST, SHARD_RE, Store, new_run_id, output_url
@@ -50,8 +51,9 @@ def prepare_storage(config: Config, out_dir=None, storage_options: dict | None =
 class Recorder:
     def __init__(self, config=None, *, run_url: str, framework: str, framework_version: str = "", worker: int = 0,
                  world_size: int = 1, storage_options: dict | None = None, info: dict | None = None,
-                 provides: set | None = None):
-        """provides: the collections the plugin can capture, if not all; rules needing others are left out."""
+                 provides: set | None = None, model: ModelInfo | None = None):
+        """provides: the collections the plugin can capture, if not all; rules needing others are left out.
+        model: the model's structure, stored in the run's manifest and read by the rules."""
         self.config = load_config(config)
         if provides is not None:
             self.config = _applicable(self.config, provides, framework)
@@ -59,16 +61,21 @@ class Recorder:
         self.run_url, self.worker, self.world_size = run_url, worker, world_size
         self.framework, self.framework_version = framework, framework_version
         self.storage_options = {**self.config.storage_options, **(storage_options or {})}
-        self.info = dict(info or {})
+        self.info = {**(info or {}), **({"model": model.to_dict()} if model is not None else {})}
         in_process = self.config.evaluation.where == "in_process"
         self.engine = RuleEngine(self.config.rules) if in_process else None  # None: the side process evaluates
         self.history = History(self.engine.history, self.engine.tensor_history) if in_process else None
+        if self.history is not None:
+            self.history.model = model
         self.verdicts: list[Verdict] = []
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.last_step: int | None = None
         self._last_data: float | None = None
         self._actions = {spec.id: spec.actions for spec in self.config.rules}
+        # a rule judges the time since the last step (stalled_training, here or in the side process): the plugin
+        # calls `alive()` at every step
+        self.clock = any(spec.create().idle for spec in self.config.rules)
         self._inbox: list[Verdict] = []
         self._inbox_lock = threading.Lock()
         self._seen_verdicts: set[str] | None = None
@@ -128,6 +135,13 @@ class Recorder:
             self._html_report.wait()
 
     # -- per step -------------------------------------------------------------------------------------------------
+    def alive(self) -> None:
+        """A training step ran: steps between samples count as progress for the rules judged by the clock, so a
+        run whose samples are an hour apart is not stalled."""
+        self._last_data = time.time()
+        if self.writer is not None:
+            self.writer.alive_at = self._last_data
+
     def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
         """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it."""
         self.last_step = step if self.last_step is None else max(self.last_step, step)
@@ -223,7 +237,7 @@ def _applicable(config: Config, provides: set, framework: str) -> Config:
     neural-network rules an XGBoost run cannot feed); said once, as a warning where the user chose them."""
     kept, left = [], []
     for spec in config.rules:
-        needs = {r.collection for r in spec.create().requires()}
+        needs = spec.create().needs()
         anything = "*" in needs  # a rule over every captured collection applies to whatever is captured
         (kept if anything or needs <= provides else left).append((spec, needs - provides - {"*"}))
     if left:

@@ -10,6 +10,7 @@ listed in `run.skipped`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -20,6 +21,7 @@ import numpy as np
 
 from .errors import RunNotFound, listing
 from .headers import StoredFile, checked
+from .model import ModelInfo
 from .shardfile import Entry, ShardFormatError, decode_header, header_length
 from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status
 from .verdict import Verdict
@@ -87,6 +89,11 @@ class Run(View):
         info["lost_steps"] = sum(s.get("lost_steps", 0) for s in statuses.values())
         info["dropped_steps"] = sum(s.get("dropped_steps", 0) for s in statuses.values())
         return info
+
+    @functools.cached_property
+    def model(self):
+        """The model's structure as the plugin recorded it when training began (None for runs without one)."""
+        return ModelInfo.from_dict(self._manifest.get("model"))
 
     def _flush_every(self) -> float:
         try:

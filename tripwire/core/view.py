@@ -31,6 +31,7 @@ class View:
     default_mode = "train"
     default_worker: int | None = None
     upto: int | None = None
+    model = None  # the model's structure (tripwire.core.model.ModelInfo) where the run recorded it
 
     def __init__(self):
         self._catalog: dict[tuple, set] = {}
@@ -294,6 +295,10 @@ class _Scoped(View):
     @property
     def _catalog(self):
         return self._base._catalog
+
+    @property
+    def model(self):
+        return self._base.model
 
     @property
     def _version(self):

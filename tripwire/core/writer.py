@@ -62,6 +62,7 @@ class Writer:
         self.lost_steps = _count(previous.get("lost_steps"))
         self.error: BaseException | None = None
         self.last_step: int | None = None
+        self.alive_at: float | None = None  # when the training process last reported a step (Recorder.alive)
         self._status = {"state": "running", "started": time.time(), **host_and_pid(), **(status or {})}
         self._poll, self._poll_s = poll, poll_s
         self._limit = int(config.max_queue_mb * (1 << 20))
@@ -252,6 +253,8 @@ class Writer:
     def _write_status(self) -> None:
         self._status.update(heartbeat=time.time(), last_step=self.last_step, shards=self.seq,
                             lost_steps=self.lost_steps, dropped_steps=self.dropped_steps)
+        if self.alive_at is not None:  # a step ran since: progress for the side process's clock rules
+            self._status["last_data"] = max(self._status.get("last_data") or 0.0, self.alive_at)
         try:
             self.store.put_json(status_name(self.worker), self._status)
         except Exception as exc:  # noqa: BLE001 - status is refreshed on the next beat

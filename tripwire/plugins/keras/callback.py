@@ -32,6 +32,7 @@ from tripwire.core.reductions import reduce as reduce_numpy
 
 from .capture import StepCapture
 from .hooks import hook_model
+from .structure import describe
 
 log = logging.getLogger("tripwire")
 
@@ -62,6 +63,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._state = "finished"
         self._verdicts: list = []
         self._predicted: Predicted | None = None
+        self._alive = None  # Recorder.alive where a rule judges the time since the last step
 
     @property
     def verdicts(self) -> list:
@@ -73,11 +75,12 @@ class TripwireCallback(keras.callbacks.Callback):
         model = self.model
         if self._capture is not None:  # a fit that raised left the capture in place: Keras has no hook for that
             self._capture.close()
-        self._open(model)
+        structure = describe(model)
+        self._open(model, structure)
         hook_model(model)
         self._sampled = ()
         if self._capture is None or not self._capture.serves(model):
-            self._capture = StepCapture(model, self._plan)
+            self._capture = StepCapture(model, self._plan, structure)
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base = int(model.optimizer.iterations)
@@ -85,17 +88,19 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._close(self._state)
 
-    def _open(self, model) -> None:
+    def _open(self, model, structure=None) -> None:
         """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
         if self._recorder is None:
             self.run_url = self.run_url or make_run_url(self.config, self.out_dir)
             self._recorder = Recorder(self.config, run_url=self.run_url, framework="keras",
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
-                                      info={"keras_backend": keras.backend.backend(), "model": model.name})
+                                      info={"keras_backend": keras.backend.backend()},
+                                      model=structure if structure is not None else _built(model))
             self._recorder.start()
             self._verdicts = self._recorder.verdicts
         self._plan = self._recorder.plan
+        self._alive = self._recorder.alive if self._recorder.clock else None
         self._fit_model, self._state = model, "finished"
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -103,6 +108,8 @@ class TripwireCallback(keras.callbacks.Callback):
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch, logs=None):
+        if self._alive is not None:
+            self._alive()
         step = self._base + batch
         collections = self._plan.at("train", step)
         if self._span > 1:  # one call runs several steps: sample it if any of them is scheduled
@@ -235,7 +242,12 @@ class TripwireCallback(keras.callbacks.Callback):
             try:
                 self._recorder.finish(state)
             finally:
-                self._recorder = None
+                self._recorder, self._alive = None, None
+
+
+def _built(model):
+    """The structure of a model that evaluate or predict opens a run for, where it has its variables."""
+    return describe(model) if model.built else None
 
 
 class Predicted:

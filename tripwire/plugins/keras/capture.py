@@ -45,7 +45,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.naming import SCALAR_COLLECTIONS, collection_of
+from tripwire.core.reductions import applicable
 from tripwire.core.reductions import reduce as reduce_numpy
 
 from .hooks import KeptLoss, hooks_of
@@ -91,8 +93,8 @@ class StepCapture:
     """One callback's capture of one model, kept across its fits while Keras' train function stays the same, so
     that its traced functions serve them all (a loop of one-epoch fits traces once); a fresh one after `compile`."""
 
-    def __init__(self, model, plan):
-        self.model, self.plan = model, plan
+    def __init__(self, model, plan, structure: ModelInfo):
+        self.model, self.plan, self.structure = model, plan, structure
         self.backend = keras.backend.backend()
         self.on_device = on_accelerator(model)
         self.active: dict = {}
@@ -113,7 +115,6 @@ class StepCapture:
         self._order: dict = {}  # name -> when the step first handed it over: JAX delivers in no fixed order
         self._kinds: dict = {}  # name -> the kind its reductions are computed for
         self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
-        self._owners: dict | None = None  # layer path -> layer class
         self._warned: set = set()
         self.keras_function = keras_function_of(model)
         # what runs the unsampled steps of a fit in place of Keras' function, where tf_step covers the model
@@ -275,7 +276,8 @@ class StepCapture:
 
             self._graph = tf.compat.v1.get_default_graph()
         x, y, _ = keras.utils.unpack_x_y_sample_weight(args[-1])
-        self.emit("inputs", "x", x)
+        if ops.is_tensor(x) and keras.backend.is_float_dtype(x.dtype):  # token ids are not measurements
+            self.emit("inputs", "x", x)
         self.emit("labels", "", y)
         out = self._original_step(*args)
         if self._graph_out:  # TensorFlow graph tensors leave the compiled step with its logs
@@ -289,8 +291,10 @@ class StepCapture:
         updates = self._emitting.get("updates")
         before = {}
         for grad, variable in zip(grads, variables):
-            path, value, kind = variable.path, ops.convert_to_tensor(variable), self._parameter_kind(variable)
-            self.emit("biases" if "bias" in variable.name else "weights", path, value, kind)
+            path, value = variable.path, ops.convert_to_tensor(variable)
+            info = self.structure.parameters.get(path)
+            kind = info.layer_class if info is not None else ""
+            self.emit(parameter_collection(info.role if info is not None else "other", path), path, value, kind)
             if grad is not None:
                 self.emit("gradients", path, grad, kind)
             if updates is not None and updates.selects(path):
@@ -298,14 +302,6 @@ class StepCapture:
         if "optimizer" in self._emitting:
             self.emit("optimizer", "lr", ops.convert_to_tensor(optimizer.learning_rate))
         return before
-
-    def _parameter_kind(self, variable) -> str:
-        """Keras kernels are laid out [..., in, out] ('in_out' for the core's fan_in); embedding tables have no fan-in."""
-        if self._owners is None:
-            self._owners = {getattr(layer, "path", None) or layer.name: type(layer).__name__
-                            for layer in self.model._flatten_layers(include_self=True, recursive=True)}
-        owner = self._owners.get(variable.path.rsplit("/", 1)[0], "")
-        return "embedding" if "embed" in owner.lower() else "in_out"
 
     def after_update(self, variables, before: dict) -> None:
         for variable in variables:
@@ -321,8 +317,9 @@ class StepCapture:
         self._order.setdefault(name, len(self._order))
         self._kinds[name] = kind
         if self.on_device and collection not in SCALAR_COLLECTIONS and DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
-            parts = {"reduced": reduce_ops(tensor, plan.reductions, kind)}
-            self._reduced_as[name] = plan.reductions
+            reductions = applicable(plan.reductions, tensor.shape, kind)
+            parts = {"reduced": reduce_ops(tensor, reductions, kind)}
+            self._reduced_as[name] = reductions
             if plan.save_tensors:
                 parts["tensor"] = tensor
         else:
@@ -361,7 +358,7 @@ class StepCapture:
         array = np.asarray(ops.convert_to_numpy(value))
         if what == "reduced":  # computed for every reduction the function serves; kept: those due now
             reduced = dict(zip(self._reduced_as[name], array.astype(np.float64).tolist()))
-            self.values[name] = {r: reduced[r] for r in plan.reductions}
+            self.values[name] = {r: reduced[r] for r in plan.reductions if r in reduced}
         elif what == "tensor":
             self.tensors[name] = np.array(array)
         elif plan.name in SCALAR_COLLECTIONS:

@@ -11,7 +11,10 @@ are registered for that step only, gradients and pre-update parameters are
 reduced in `on_before_optimizer_step`, and `on_train_batch_end` records the
 sample, runs the rules and applies the decision: every rank takes part in
 the decision, so a stop (or a raise) on any rank stops (raises on) all at the
-same step.
+same step. A step is what the optimizers did: with gradient accumulation its
+micro-batches are one step, recorded after the one that ends in
+`optimizer.step()`, with the mean of their losses as Lightning logs it (not
+divided by the number of micro-batches).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture
 from tripwire.plugins.torch.reduce import Reductions
+from tripwire.plugins.torch.structure import describe
 
 log = logging.getLogger("tripwire")
 PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
@@ -77,6 +81,9 @@ class TripwireCallback(*_callback_bases()):
         self._watching: list = []  # handles of the optimizers' post-step hooks, while they wake this callback
         self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
         self._eval_keys: set = set()
+        self._losses: list = []  # the losses of a sampled step's micro-batches so far
+        self._batch_step = 0  # the global step when the current batch began
+        self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._state = "finished"
         self._verdicts: list = []
 
@@ -96,14 +103,16 @@ class TripwireCallback(*_callback_bases()):
         if self.config.workers == "all" or rank == 0:
             import torch
 
+            structure = describe(pl_module, trainer.optimizers)
             self._recorder = Recorder(self.config, run_url=self.run_url, framework="lightning",
                                       framework_version=_lightning_version(trainer), worker=rank, world_size=world,
-                                      storage_options=self.storage_options,
-                                      info={"torch_version": torch.__version__, "model": type(pl_module).__name__})
+                                      storage_options=self.storage_options, info={"torch_version": torch.__version__},
+                                      model=structure)
             self._recorder.start()
             self._verdicts = self._recorder.verdicts
-            self._capture = TorchCapture(pl_module, self._recorder.plan)
+            self._capture = TorchCapture(pl_module, self._recorder.plan, structure)
             self._plan = self._recorder.plan
+            self._alive = self._recorder.alive if self._recorder.clock else None
         self._watch(trainer)
 
     def on_exception(self, trainer, pl_module, exception):
@@ -116,7 +125,7 @@ class TripwireCallback(*_callback_bases()):
     def _close(self, state: str) -> None:
         for handle in self._watching:
             handle.remove()
-        self._watching, self._wake_at = [], None
+        self._watching, self._wake_at, self._alive = [], None, None
         self.__dict__.pop("on_train_batch_start", None)
         if self._capture is not None:
             self._capture.close()
@@ -134,10 +143,16 @@ class TripwireCallback(*_callback_bases()):
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        step = trainer.global_step
+        step = self._batch_step = trainer.global_step
+        if self._alive is not None and not self._watching:  # else the optimizers' post-step hook reports steps
+            self._alive()
         if self._capture is None:
             sampled = bool(self._plan.at("train", step))
+        elif self._capture.active and self._capture.step == step:  # a later micro-batch of the same step
+            sampled = True
+            self._take_batch(batch)
         else:
+            self._losses = []
             sampled = self._capture.begin("train", step)
             if sampled:
                 self._take_batch(batch)
@@ -166,6 +181,8 @@ class TripwireCallback(*_callback_bases()):
             return
 
         def after_optimizer_step(optimizer, args, kwargs):
+            if self._alive is not None:
+                self._alive()
             if self._wake_at is not None and trainer.global_step + 1 >= self._wake_at:
                 self._wake_at = None
                 self.__dict__.pop("on_train_batch_start", None)
@@ -174,20 +191,30 @@ class TripwireCallback(*_callback_bases()):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self._capture is not None:
-            self._capture.before_optimizer_step()
+            self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        stepped = trainer.global_step != self._batch_step  # else accumulating: a later micro-batch ends the step
         decision = None
         if self._capture is not None:
             capture, step = self._capture, self._capture.step
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is not None:
+                # automatic optimisation divides each micro-batch's loss by their number; undone here
+                scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+                self._losses.append(loss.detach() * scale if hasattr(loss, "detach") else loss)
             if isinstance(outputs, dict) and capture.wants("predictions"):
                 for key in PREDICTION_KEYS:
                     if key in outputs:
                         capture.take("predictions", "", outputs[key])
                         break
+        if not stepped:
+            return
+        if self._capture is not None:
             metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
                        if k not in self._eval_keys} if capture.wants("metrics") else None
+            losses, self._losses = self._losses, []
+            loss = sum(losses) / len(losses) if losses else None
             values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), metrics)
             decision = self._recorder.record(step, "train", values, tensors)
         self._decide(trainer, decision, trainer.global_step - 1)
@@ -223,8 +250,8 @@ class TripwireCallback(*_callback_bases()):
             labels = next((batch[k] for k in ("labels", "label", "y", "target") if k in batch), None)
         else:
             inputs, labels = batch, None
-        if inputs is not None and getattr(inputs, "is_floating_point", lambda: False)():  # not token ids
-            self._capture.take("inputs", "x", inputs)
+        if inputs is not None:
+            self._capture.take_inputs(inputs)
         if labels is not None:
             self._capture.take("labels", "", labels)
 

@@ -1,10 +1,14 @@
 """What a torch model offers tripwire at a sampled step, shared by the Lightning callback and the plain-loop probe.
 
 The caller marks the step's phases: `begin(mode, step)` before the forward
-pass (activation hooks are registered here, and only here), `before_optimizer_step()`
-after backward (gradients, and parameters as they were before the update),
-`end(...)` after the optimizer step (updates, losses, optimizer state), which
-returns the sample for the recorder. On an unsampled step `begin` returns
+pass (activation hooks are registered here, and only here),
+`before_optimizer_step(optimizer)` before each optimizer step (the gradients
+of the parameters that optimizer holds, and those parameters as they were
+before it updated them), `end(...)` after the step (updates, losses,
+optimizer state), which returns the sample for the recorder. `updates/` are
+what an optimizer's step did: a parameter no optimizer stepped has none
+(not a zero). Frozen parameters are not captured: the model's structure
+(`structure.describe`) records them. On an unsampled step `begin` returns
 False after one cached comparison and nothing else runs.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tripwire.core.naming import is_bias
+from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, host_array
@@ -20,22 +24,18 @@ from .reduce import Reductions, host_array
 PARAM_COLLECTIONS = ("weights", "biases", "gradients", "updates")
 
 
-def param_collection(path: str) -> str:
-    return "biases" if is_bias(path) else "weights"
-
-
 class TorchCapture:
-    def __init__(self, module: torch.nn.Module, plan: CapturePlan):
-        self.module, self.plan = module, plan
+    def __init__(self, module: torch.nn.Module, plan: CapturePlan, model: ModelInfo):
+        self.module, self.plan, self.model = module, plan, model
         self.active: dict = {}
         self.step, self.mode = None, None
         self._hooks: list = []
         self._reductions: Reductions | None = None
         self._tensors: dict = {}
         self._before: dict = {}
-        self._params_taken = False
+        self._taken: set = set()  # parameters whose weights (and gradients) this sample holds
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
-        self._parameters: list | None = None  # (path, parameter, kind of the module that holds it), found once
+        self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -45,7 +45,7 @@ class TorchCapture:
             return False
         self.active = {c.name: c for c in collections}
         self.mode, self.step = mode, step
-        self._reductions, self._tensors, self._before, self._params_taken = Reductions(), {}, {}, False
+        self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         activations = self.active.get("activations")
         if activations is not None and mode == "train":
             self._hook_activations(activations)
@@ -53,20 +53,20 @@ class TorchCapture:
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
 
-    def before_optimizer_step(self) -> None:
-        if not self.active or self.mode != "train" or self._params_taken:
-            return
-        self._params_taken = True
-        if not any(c in self.active for c in PARAM_COLLECTIONS):  # e.g. a step that samples only the loss
+    def before_optimizer_step(self, optimizer=None) -> None:
+        """The parameters `optimizer` is about to update (every trainable one where it is None): their values
+        and gradients now, and a copy for their update, once per sample."""
+        if not self.active or self.mode != "train" or not any(c in self.active for c in PARAM_COLLECTIONS):
             return
         updates = self.active.get("updates")
-        for path, param, kind in self._walk_parameters():
-            if not param.requires_grad:
+        for path, param, info in self._parameters_of(optimizer):
+            if path in self._taken:
                 continue
-            self.take(param_collection(path), path, param, kind)
+            self._taken.add(path)
+            self.take(parameter_collection(info.role, path), path, param, info.layer_class)
             if param.grad is not None:
-                self.take("gradients", path, param.grad, kind)
-            if updates is not None and updates.selects(path):
+                self.take("gradients", path, param.grad, info.layer_class)
+            if updates is not None and param.grad is not None and updates.selects(path):  # no grad: no step
                 self._before[path] = (param, param.detach().clone())
 
     def end(self, loss=None, optimizers=(), extra_scalars: dict | None = None):
@@ -74,8 +74,10 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
-        if self.mode == "train":  # a train step whose optimizer did not step still gets its parameters
-            self.before_optimizer_step()
+        if self.mode == "train" and any(c in self.active for c in ("weights", "biases")):
+            for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
+                if path not in self._taken:
+                    self.take(parameter_collection(info.role, path), path, param, info.layer_class)
         for path, (param, before) in self._before.items():
             self.take("updates", path, param.detach() - before)
         if "losses" in self.active and loss is not None:
@@ -90,7 +92,7 @@ class TorchCapture:
             if plan is not None and plan.selects(path):
                 self._reductions.add_scalar(name, value)
         values, tensors = self._reductions.to_host(), self._tensors
-        self.active, self._reductions, self._tensors, self._before = {}, None, {}, {}
+        self.active, self._reductions, self._tensors, self._before, self._taken = {}, None, {}, {}, set()
         return values, tensors
 
     def close(self) -> None:
@@ -102,6 +104,11 @@ class TorchCapture:
         """Whether the step being captured samples this collection (so the caller gathers it only then)."""
         return collection in self.active
 
+    def take_inputs(self, tensor) -> None:
+        """The batch's inputs, where they are measurements: token ids and other integers are not."""
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            self.take("inputs", "x", tensor)
+
     def take(self, collection: str, path: str, tensor: torch.Tensor, kind: str = "") -> None:
         """Reduce (and copy, if asked) one tensor into the sample, if its collection is sampled and selects it."""
         plan = self.active.get(collection)
@@ -112,16 +119,19 @@ class TorchCapture:
         if plan.save_tensors:
             self._tensors[name] = host_array(tensor)
 
-    def _walk_parameters(self) -> list:
-        """(path, parameter, kind of the module holding it, e.g. 'Linear') for every parameter. Walked once:
-        a walk of a large model's modules costs more than a sample's reductions, and a model does not change
-        its parameters while it trains."""
-        if self._parameters is None:
-            owners = {f"{prefix}.{name}".lstrip("."): type(module).__name__
-                      for prefix, module in self.module.named_modules()
-                      for name, _ in module.named_parameters(recurse=False)}
-            self._parameters = [(path, param, owners.get(path, "")) for path, param in self.module.named_parameters()]
-        return self._parameters
+    def _parameters_of(self, optimizer) -> list:
+        """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all
+        of them for None), in the model's order. Found once per optimizer: a walk of a large model costs more
+        than a sample's reductions, and a model does not change its parameters while it trains."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer wraps the real one
+        key = None if optimizer is None else id(optimizer)
+        if key not in self._held:
+            held = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
+            self._held[key] = [(path, param, self.model.parameters[path])
+                               for path, param in self.module.named_parameters()
+                               if param.requires_grad and path in self.model.parameters
+                               and (held is None or id(param) in held)]
+        return self._held[key]
 
     def _hook_activations(self, plan) -> None:
         """Forward hooks on the modules whose outputs the plan selects: leaves, or any module its patterns

@@ -40,6 +40,7 @@ from tripwire.core.recorder import Recorder, make_run_url
 
 from .capture import TorchCapture
 from .reduce import Reductions
+from .structure import describe
 
 log = logging.getLogger("tripwire")
 
@@ -62,11 +63,12 @@ class TripwireProbe:
         self.run_url = make_run_url(self.config, out_dir)
         self.global_step = 0
         self.should_stop = False
+        structure = describe(model, self.optimizers)
         self._recorder = Recorder(self.config, run_url=self.run_url, framework="torch",
                                   framework_version=f"torch {torch.__version__}", storage_options=storage_options,
-                                  info={"torch_version": torch.__version__, "model": type(model).__name__})
+                                  info={"torch_version": torch.__version__}, model=structure)
         self._recorder.start()
-        self._capture = TorchCapture(model, self._recorder.plan)
+        self._capture = TorchCapture(model, self._recorder.plan, structure)
         self._begun = False  # a forward pass (or step()) began the current step
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
@@ -83,6 +85,8 @@ class TripwireProbe:
         if not self._begun:
             self._begin()
         self._begun = False
+        if self._recorder.clock:
+            self._recorder.alive()
         step = self.global_step
         self.global_step += 1
         if not self._sampled:
@@ -137,12 +141,12 @@ class TripwireProbe:
         if self._begun or not module.training:
             return
         self._begin()
-        if self._sampled and args and isinstance(args[0], torch.Tensor):
-            self._capture.take("inputs", "x", args[0])
+        if self._sampled and args:
+            self._capture.take_inputs(args[0])
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self._sampled:
-            self._capture.before_optimizer_step()
+            self._capture.before_optimizer_step(optimizer)
 
     def _begin(self) -> None:
         self._begun = True

@@ -68,3 +68,28 @@ def importance(booster, kinds=IMPORTANCE_TYPES) -> dict[str, dict[str, float]]:
 def feature_names(booster) -> list[str]:
     """The names XGBoost reports features by: the data's own, or f0, f1, …"""
     return booster.feature_names or [f"f{i}" for i in range(booster.num_features())]
+
+
+# Metrics XGBoost's EarlyStopping maximises (xgboost.callback.EarlyStopping, `maximize=None`); all others it
+# minimises, like a loss.
+MAXIMISED = ("auc", "aucpr", "pre", "map", "ndcg")
+TRAIN_NAMES = ("train", "training", "dtrain")
+
+
+def eval_losses(evals_log) -> tuple[float | None, float | None]:
+    """(training loss, validation loss) of the round, read from the eval log as XGBoost's EarlyStopping reads it:
+    the last eval set is the validation set; the training set is the one named train (or training, dtrain), else the
+    first of two or more. Each one's loss is its first metric XGBoost minimises (logloss, rmse, error, …: an
+    objective's default metric comes first). None where there is no such set or metric."""
+    names = list(evals_log)
+    train = next((n for n in names if n.lower() in TRAIN_NAMES), names[0] if len(names) >= 2 else None)
+    validation = next((n for n in reversed(names) if n != train), None)
+    return tuple(_loss(evals_log[name]) if name is not None else None for name in (train, validation))
+
+
+def _loss(metrics) -> float | None:
+    for metric, history in metrics.items():
+        if metric == "mape" or not metric.startswith(MAXIMISED):
+            value = history[-1]
+            return float(value[0] if isinstance(value, (tuple, list)) else value)  # (mean, std) in xgb.cv
+    return None

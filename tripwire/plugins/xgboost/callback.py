@@ -3,7 +3,11 @@
 One step is one boosting round, in mode `train`. On a sampled round the
 callback records the round's eval log, the newest trees' statistics, feature
 importance, and labels and predictions on the eval data it was given; the
-Recorder runs the rules; `stop` returns True from `after_iteration`.
+Recorder runs the rules; `stop` returns True from `after_iteration`. The
+eval log is also read as XGBoost's EarlyStopping reads it (`eval_losses`):
+the training set's loss as `losses/train` and the validation set's as
+`metrics/val_loss` in mode eval, the names the loss rules read by default, so
+`overfit` and `loss_not_decreasing` need no parameters on a booster either.
 
 Distributed training (`xgboost.dask`, or any XGBoost collective) pickles the
 callback to every worker, so it keeps only its settings and opens its Recorder
@@ -28,12 +32,12 @@ from tripwire.core.naming import VALUE
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce
 
-from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, feature_names, hyperparameters,
-                      importance, tree_stats)
+from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, eval_losses, feature_names,
+                      hyperparameters, importance, tree_stats)
 
 log = logging.getLogger("tripwire")
 CHECKPOINT_FORMATS = ("ubj", "json")
-PROVIDES = {"metrics", "feature_importance", "trees", "labels", "predictions"}  # what a booster can show
+PROVIDES = {"losses", "metrics", "feature_importance", "trees", "labels", "predictions"}  # what a booster shows
 
 
 class TripwireCallback(xgb.callback.TrainingCallback):
@@ -124,13 +128,23 @@ class TripwireCallback(xgb.callback.TrainingCallback):
 
     # -- rounds ---------------------------------------------------------------------------------------------------
     def after_iteration(self, model, epoch: int, evals_log) -> bool:
-        collections = self._plan.at("train", epoch)
-        if not collections:
+        if self._recorder is not None and self._recorder.clock:
+            self._recorder.alive()
+        collections, evaluated = self._plan.at("train", epoch), self._plan.at("eval", epoch)
+        if not (collections or evaluated):
             return False
         decision = None
         if self._recorder is not None:
-            values, tensors = self._sample(model, epoch, evals_log, {c.name: c for c in collections})
-            decision = self._recorder.record(epoch, "train", values, tensors)
+            train_loss, val_loss = eval_losses(evals_log)
+            if collections:
+                values, tensors = self._sample(model, epoch, evals_log, {c.name: c for c in collections})
+                if train_loss is not None and any(c.name == "losses" for c in collections):
+                    values["losses/train"] = {VALUE: train_loss}
+                decision = self._recorder.record(epoch, "train", values, tensors)
+            metrics = next((c for c in evaluated if c.name == "metrics"), None)
+            if val_loss is not None and metrics is not None and metrics.selects("val_loss"):
+                evaluation = self._recorder.record(epoch, "eval", {"metrics/val_loss": {VALUE: val_loss}})
+                decision = evaluation if decision is None else decision.merge(evaluation)
         return self._decide(model, decision, epoch)
 
     def _sample(self, model, epoch: int, evals_log, active: dict) -> tuple[dict, dict]:

@@ -1,0 +1,116 @@
+"""The structure of a torch model for tripwire.core.model, read from its module classes.
+
+Shared by the Lightning callback and the plain-loop probe. A parameter's layer
+type and role come from the class of the module that holds it (a
+`BatchNorm2d` weight is a normalisation scale, an `LSTM`'s `weight_hh_l0` a
+recurrent kernel), never from its name. What follows a layer is taken from
+the order the model registers its modules, which is the order most models
+compute them in; where it is not, a kernel is only judged as though its
+output were not normalised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from tripwire.core.model import ModelInfo, Parameter
+
+_NORMS = tuple(c for c in (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+                           getattr(nn, "RMSNorm", None)) if c is not None)
+# Modules that pass a layer's output on without changing what follows it: skipped when looking for it.
+_PASS_THROUGH = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
+                 nn.Identity, nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+                 nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd)
+_ROLES = {
+    "dense": {"weight": "kernel", "bias": "bias"},
+    "conv": {"weight": "kernel", "bias": "bias"},
+    "norm": {"weight": "norm_scale", "bias": "norm_shift"},
+    "embedding": {"weight": "embedding"},
+    "attention": {"in_proj_weight": "kernel", "q_proj_weight": "kernel", "k_proj_weight": "kernel",
+                  "v_proj_weight": "kernel", "in_proj_bias": "bias", "bias_k": "bias", "bias_v": "bias"},
+}
+
+
+def layer_type(module: nn.Module) -> str:
+    if isinstance(module, nn.MultiheadAttention):
+        return "attention"
+    if isinstance(module, (nn.Linear, nn.Bilinear)):
+        return "dense"
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return "conv"
+    if isinstance(module, _NORMS):
+        return "norm"
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return "embedding"
+    if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+        return "recurrent"
+    return "other"
+
+
+def _role(kind: str, name: str) -> str:
+    if kind == "recurrent":
+        return "recurrent_kernel" if name.startswith("weight_hh") else ("bias" if name.startswith("bias") else
+                                                                        "kernel")
+    return _ROLES.get(kind, {}).get(name, "other")
+
+
+def _fans(shape: tuple, kind: str) -> tuple[int | None, int | None]:
+    """Inputs per output unit and outputs per input of a kernel laid out [out, in, *kernel] (a convolution's
+    `in` is already per group), as torch's own initialisers count them."""
+    if len(shape) < 2:
+        return None, None
+    receptive = math.prod(shape[2:]) if kind == "conv" else 1
+    return int(math.prod(shape[1:]) if kind != "conv" else shape[1] * receptive), int(shape[0] * receptive)
+
+
+def _is_activation(module: nn.Module) -> bool:
+    """ReLU, GELU, Tanh, Softmax, …: the classes of torch.nn.modules.activation but the attention layer there."""
+    return type(module).__module__ == nn.modules.activation.__name__ and not isinstance(module, nn.MultiheadAttention)
+
+
+def _followers(model: nn.Module) -> dict[str, str]:
+    """{layer path: what follows it}: 'norm', an activation's name (lower case), or the next layer's type."""
+    sequence = [(path, m) for path, m in model.named_modules()
+                if path and not isinstance(m, _PASS_THROUGH) and
+                (next(m.parameters(recurse=False), None) is not None or isinstance(m, _NORMS) or _is_activation(m))]
+    out = {}
+    for (path, module), (_, after) in zip(sequence, sequence[1:]):
+        if next(module.parameters(recurse=False), None) is not None:
+            out[path] = type(after).__name__.lower() if _is_activation(after) else layer_type(after)
+    return out
+
+
+def describe(model: nn.Module, optimizers=None) -> ModelInfo:
+    """Every parameter of `model` with its layer, type, role, shape and fans; frozen ones (requires_grad False,
+    or held by none of `optimizers` where they are given) with trainable False; tied ones with tied_to."""
+    optimized = None
+    if optimizers is not None:
+        optimized = {id(p) for o in optimizers for g in getattr(getattr(o, "optimizer", o), "param_groups", ())
+                     for p in g["params"]}
+    followers = _followers(model)
+    first: dict[int, str] = {}
+    parameters = {}
+    for layer, module in model.named_modules(remove_duplicate=False):
+        kind = layer_type(module)
+        for name, param in module.named_parameters(recurse=False):
+            path = f"{layer}.{name}" if layer else name
+            if path in parameters:
+                continue
+            role = _role(kind, name)
+            fan_in, fan_out = _fans(tuple(param.shape), kind) if role in ("kernel", "recurrent_kernel") else \
+                (None, None)
+            trainable = param.requires_grad and (optimized is None or id(param) in optimized)
+            parameters[path] = Parameter(path=path, layer=layer, layer_type=kind, layer_class=type(module).__name__,
+                                         role=role, shape=tuple(param.shape), trainable=trainable, fan_in=fan_in,
+                                         fan_out=fan_out, tied_to=first.get(id(param)),
+                                         followed_by=followers.get(layer))
+            first.setdefault(id(param), path)
+    return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters))
+
+
+def _in_parameter_order(model: nn.Module, parameters: dict) -> dict:
+    """The parameters in `named_parameters()` order, the order tripwire captures them in, then the tied aliases."""
+    order = [path for path, _ in model.named_parameters()]
+    return {**{p: parameters[p] for p in order if p in parameters}, **parameters}
