@@ -51,7 +51,12 @@ def fit(callback, model=None, epochs=2, n_train=None, batch_size=32, validation=
 
 
 def fired(run_url) -> dict:
-    return {v.rule: v for v in tripwire.open_run(run_url).verdicts() if v.fired}
+    """Each rule's first verdict at warning or error (in step order): what a fault is caught by."""
+    first = {}
+    for v in tripwire.open_run(run_url).verdicts():
+        if v.counts:
+            first.setdefault(v.rule, v)
+    return first
 
 
 def first_nonfinite_step(run) -> int:

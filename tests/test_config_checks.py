@@ -126,7 +126,7 @@ def test_default_rules_yaml_names_every_rule_and_its_commented_rules_load():
     enabled = [r.rule for r in tripwire.load_config(None).rules]
     commented = re.findall(r"^  # - rule: (\w+)", text, re.M)
     assert sorted(enabled + commented) == sorted(rule_names())
-    assert {"tree_depth", "feature_importance_overweight", "confusion"} <= set(commented)
+    assert {"tree_depth", "feature_importance_overweight", "confusion", "overtraining"} <= set(commented)
     entries = re.findall(r"^  # (- rule: \w+.*\n(?:  #   .*\n)*)", text, re.M)
     assert len(entries) == len(commented)
     for entry in entries:

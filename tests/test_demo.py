@@ -18,16 +18,16 @@ def test_demo_stops_the_faulty_run_early_and_leaves_the_healthy_one_alone(tmp_pa
     _, first, fired, steps, planned, saved, url = rows["healthy"]
     assert (first, fired, saved) == ("nothing", "0", "-") and steps == planned
     healthy = tripwire.open_run(url)
-    assert healthy.info["status"] == "finished" and not [v for v in healthy.verdicts() if v.fired]
+    assert healthy.info["status"] == "finished" and not [v for v in healthy.verdicts() if v.counts]
 
     _, first, fired, steps, planned, saved, url = rows["exploding"]
     exploding = tripwire.open_run(url)
-    (stop,) = [v for v in exploding.verdicts() if v.rule == "exploding_tensor"]
+    stop = next(v for v in exploding.verdicts() if v.rule == "exploding_tensor")  # the first NaN found stops
     assert exploding.info["status"] == "stopped" and int(steps) == stop.step + 1 < int(planned)
     assert saved == f"{int(planned) - int(steps)} steps"
     rule, step = first.split("@")
-    earliest = min(v.step for v in exploding.verdicts() if v.fired)
+    earliest = min(v.step for v in exploding.verdicts() if v.counts)
     assert int(step) == earliest and rule in {v.rule for v in exploding.verdicts() if v.step == earliest}
     section = text.split("── exploding:")[1].split("── dead_relu:")[0]
-    assert f"[exploding_tensor] fired at step {stop.step}" in section and "hint:" in section
+    assert f"[exploding_tensor] error at step {stop.step}" in section and "hint:" in section
     assert f"tripwire show {url}" in text

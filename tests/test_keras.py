@@ -69,8 +69,8 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
     assert [c.returncode for c in checks] == [1, 1]
     shape = [re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", re.sub(r"(net\.\d\.\w+|sequential/\S+)", "T", c.stdout))
              for c in checks]
-    assert [line for line in shape[0].splitlines() if "fired at step" in line] == \
-        [line for line in shape[1].splitlines() if "fired at step" in line]
+    first = [{line.split("]")[0]: line for line in reversed(text.splitlines()) if line.startswith("[")} for text in shape]
+    assert first[0] == first[1]  # each rule's first verdict: the same words, tensors and numbers aside
 
 
 def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_path):

@@ -14,7 +14,12 @@ from tripwire.plugins.lightning import TripwireCallback
 
 
 def fired(run_url):
-    return {v.rule: v for v in tripwire.open_run(run_url).verdicts() if v.fired}
+    """Each rule's first verdict at warning or error (in step order): what a fault is caught by."""
+    first = {}
+    for v in tripwire.open_run(run_url).verdicts():
+        if v.counts:
+            first.setdefault(v.rule, v)
+    return first
 
 
 def first_nonfinite_step(run):
@@ -46,15 +51,20 @@ def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
     cb = TripwireCallback(None, out_dir=tmp_path / "healthy")
     trainer = helpers.fit(cb, max_epochs=3)
     run = tripwire.open_run(cb.run_url)
-    assert trainer.global_step == 3 * 43 and not run.verdicts()
-    # every 100 steps; poor_weight_initialization adds the first 10 steps of weights and gradients
+    assert trainer.global_step == 3 * 43 and [v for v in run.verdicts() if v.counts] == []
+    # every 100 steps; poor_weight_initialization adds the weights' spread in the first 10 steps
     assert run.info["status"] == "finished" and run.steps() == [*range(10), 100]
-    gradient = run.tensor("gradients/net.0.weight")
-    assert gradient.steps() == [*range(10), 100]
-    # steps 1-9 are sampled for poor_weight_initialization's percentiles alone, and take only those
-    assert gradient.series("p95")[0].tolist() == [*range(10)] and gradient.series("l2")[0].tolist() == [0, 100]
+    weight = run.tensor("weights/net.0.weight")
+    assert weight.steps() == [*range(10), 100] and run.tensor("gradients/net.0.weight").steps() == [0, 100]
+    # steps 1-9 are sampled for poor_weight_initialization alone: they take its reductions, and the NaN count
+    assert weight.series("std")[0].tolist() == [*range(10)] and weight.series("l2")[0].tolist() == [0, 100]
+    assert weight.series("nonfinite_count")[0].tolist() == [*range(10), 100]
     assert {"losses/train", "gradients/net.0.weight", "activations/net.1"} <= set(run.tensor_names())
     assert run.info["config"]["rules"][0]["rule"] == "exploding_tensor"
+    kernel = run.model.parameters["net.0.weight"]  # the model's structure, recorded when training began
+    assert (kernel.layer_type, kernel.role, kernel.shape, kernel.fan_in, kernel.trainable) == \
+        ("dense", "kernel", (32, 64), 64, True)
+    assert run.info["model"]["name"] == "Classifier"
 
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["deep_sigmoid", "relu"])
@@ -77,7 +87,8 @@ def test_dead_relu(tmp_path, faulty):
     verdicts = fired(cb.run_url)
     assert ("dead_relu" in verdicts) == faulty
     if faulty:
-        assert verdicts["dead_relu"].step == 0 and "activations/net.1" in verdicts["dead_relu"].message
+        verdict = verdicts["dead_relu"]  # every unit dead at two samples in a row: an error
+        assert verdict.step == 10 and verdict.severity == "error" and "activations/net.1" in verdict.message
 
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
@@ -86,16 +97,17 @@ def test_loss_not_decreasing(tmp_path, faulty):
     helpers.fit(cb, helpers.mlp_module(lr=0.0 if faulty else 0.1), max_epochs=1)
     verdicts = fired(cb.run_url)
     assert ("loss_not_decreasing" in verdicts) == faulty
-    if faulty:
-        assert verdicts["loss_not_decreasing"].step == 18  # the first step with two windows of 5 samples
+    if faulty:  # the first step with three windows of 5 samples: the first, the one before the newest, the newest
+        verdict = verdicts["loss_not_decreasing"]
+        assert verdict.step == 28 and verdict.severity == "error" and "has not gone down" in verdict.message
 
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["tiny_train_set", "healthy"])
 def test_overfit(tmp_path, faulty):
     cb = TripwireCallback({"rules": ["overfit"], "sampling": {"every": 1}}, out_dir=tmp_path / "run")
-    if faulty:
-        module = helpers.mlp_module(hidden=(256,), optimizer="adam", lr=0.01)
-        helpers.fit(cb, module, max_epochs=30, loaders=helpers.torch_loaders(n_train=40, batch_size=8))
+    if faulty:  # 100 training samples, a wide model: the validation loss climbs 23% above its best
+        module = helpers.mlp_module(hidden=(256, 256), optimizer="adam", lr=0.003)
+        helpers.fit(cb, module, max_epochs=40, loaders=helpers.torch_loaders(n_train=100, batch_size=8))
     else:
         helpers.fit(cb, helpers.mlp_module(), max_epochs=1)
     verdicts = fired(cb.run_url)
@@ -259,9 +271,9 @@ def test_check_exit_codes(tmp_path):
     helpers.fit(faulty, helpers.mlp_module(lr=50.0), max_epochs=1)
 
     ok = cli("check", healthy.run_url)
-    assert ok.returncode == 0 and "0 rule(s) fired" in ok.stdout
+    assert ok.returncode == 0 and "0 finding(s) at warning or error" in ok.stdout
     bad = cli("check", faulty.run_url)
-    assert bad.returncode == 1 and "[exploding_tensor] fired at step" in bad.stdout and "hint:" in bad.stdout
+    assert bad.returncode == 1 and "[exploding_tensor] error at step" in bad.stdout and "hint:" in bad.stdout
     missing = cli("check", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no tripwire run at" in missing.stderr
     (tmp_path / "bad.yaml").write_text("rules: [nope]\n")

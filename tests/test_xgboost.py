@@ -13,13 +13,13 @@ from sklearn.datasets import load_digits, make_classification
 import tripwire
 from tripwire.plugins.xgboost import TripwireCallback
 
-# One config for every run below: the faulty runs fire their rule under it, the sane run fires nothing.
-OVERFIT = {"rule": "overfit", "params": {"train_tensor": "metrics/train/logloss", "val_tensor": "metrics/val/logloss",
-                                         "val_mode": "train", "patience": 3}}
+# One config for every run below: the faulty runs fire their rule under it, the sane run fires nothing. overfit
+# needs no parameters: the plugin reads the eval log as XGBoost's early stopping does (the last eval set is the
+# validation set); loss_not_decreasing is pointed at the validation metric, the training loss always falls.
 NOT_DECREASING = {"rule": "loss_not_decreasing", "params": {"collection": "metrics",
                                                             "tensor_regex": "^metrics/val/m?logloss$"}}
 RULES = {"sampling": {"every": 1}, "collections": {"trees": {}, "feature_importance": {}},
-         "rules": ["tree_depth", "feature_importance_overweight", "class_imbalance", "confusion", OVERFIT,
+         "rules": ["tree_depth", "feature_importance_overweight", "class_imbalance", "confusion", "overfit",
                    NOT_DECREASING]}
 DEEP = {"objective": "binary:logistic", "max_depth": 12, "min_child_weight": 0, "lambda": 0}
 
@@ -63,7 +63,12 @@ def train(x, y, params, rounds, cut, config=RULES, **callback):
 
 
 def fired(run_url):
-    return {v.rule: v for v in tripwire.open_run(run_url).verdicts() if v.fired}
+    """Each rule's first fired verdict (in step order)."""
+    first = {}
+    for v in tripwire.open_run(run_url).verdicts():
+        if v.fired:
+            first.setdefault(v.rule, v)
+    return first
 
 
 def test_deep_trees_on_a_small_dataset_fire_overfit_and_tree_depth(tmp_path):
@@ -72,7 +77,13 @@ def test_deep_trees_on_a_small_dataset_fire_overfit_and_tree_depth(tmp_path):
     verdicts = fired(cb.run_url)
     assert {"overfit", "tree_depth", "loss_not_decreasing"} <= set(verdicts)
     assert verdicts["tree_depth"].step == 0 and "depth 12" in verdicts["tree_depth"].message
-    assert verdicts["overfit"].step == 2  # patience 3: the third round in a row
+    assert verdicts["tree_depth"].severity == "info"  # deep trees are a choice; overfit judges their effect
+    # the validation loss bottoms out at round 1 (0.605) and is 20% above it from round 5: three in a row at 7
+    overfit = verdicts["overfit"]
+    assert (overfit.step, overfit.mode, overfit.severity) == (7, "eval", "warning")
+    assert "from its best 0.6051 at step 1" in overfit.message
+    rising = verdicts["loss_not_decreasing"]  # three windows of 5 rounds: the validation loss rose
+    assert (rising.step, rising.severity, rising.finding) == (14, "warning", "rising")
     assert "max_depth" in verdicts["tree_depth"].hint
     assert booster.num_boosted_rounds() == 30 and cb.verdicts  # log only: training went on
 
@@ -126,7 +137,9 @@ def test_confused_classes_fire_confusion(tmp_path):
     _, cb, _ = train(x, y, {"objective": "multi:softprob", "num_class": 10, "max_depth": 3}, 20, 1200,
                      out_dir=tmp_path / "confused")
     verdict = fired(cb.run_url)["confusion"]
-    assert verdict.step == 10 and "class 1" in verdict.message
+    # once the model has learned, the pair stands out against the overall error over two pools of fresh labels;
+    # info: 39% of one predicted class is not half of it (a hard class, or labels to check, not a broken run)
+    assert verdict.step == 6 and verdict.severity == "info" and "predicted as class 7 are class 1" in verdict.message
     matrix = np.array(verdict.evidence["matrix"])
     assert matrix.shape == (10, 10) and matrix.sum() >= 500
 
@@ -137,21 +150,33 @@ def test_a_sane_model_fires_nothing(tmp_path):
                            out_dir=tmp_path / "sane")
     run = tripwire.open_run(cb.run_url)
     assert run.verdicts() == [] and cb.verdicts == []
-    assert set(run.collections()) == {"metrics", "trees", "feature_importance", "labels", "predictions"}
+    assert set(run.collections()) == {"losses", "metrics", "trees", "feature_importance", "labels", "predictions"}
     assert run.steps() == list(range(20)) and booster.num_boosted_rounds() == 20
 
 
 def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):
     x, y = noisy()
-    config = {"sampling": {"every": 1}, "rules": [{**OVERFIT, "actions": ["log", "checkpoint", "stop"]}]}
+    # overfit is a warning: `stop` acts on errors unless told to act on warnings too
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "overfit", "actions": ["log", "checkpoint",
+                                                                                  {"stop": "warning"}]}]}
     booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "stop")
     step = fired(cb.run_url)["overfit"].step
-    assert step == 2 and booster.num_boosted_rounds() == step + 1
+    assert step == 7 and booster.num_boosted_rounds() == step + 1
     run = tripwire.open_run(cb.run_url)
-    assert run.info["status"] == "stopped" and run.steps() == [0, 1, 2]
+    assert run.info["status"] == "stopped" and run.steps() == list(range(8))
     saved = xgb.Booster(model_file=str(tmp_path / "stop" / "checkpoints" / f"step{step}.ubj"))
     data = xgb.DMatrix(x[300:])
-    assert saved.num_boosted_rounds() == 3 and np.array_equal(saved.predict(data), booster.predict(data))
+    assert saved.num_boosted_rounds() == 8 and np.array_equal(saved.predict(data), booster.predict(data))
+
+
+def test_stop_acts_on_errors_only_unless_the_config_lowers_it(tmp_path):
+    """The same warning with a plain `stop`: logged and checkpointed, training goes on to the end."""
+    x, y = noisy()
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "overfit", "actions": ["log", "checkpoint", "stop"]}]}
+    booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "go-on")
+    assert fired(cb.run_url)["overfit"].severity == "warning" and booster.num_boosted_rounds() == 30
+    assert tripwire.open_run(cb.run_url).info["status"] == "finished"
+    assert (tmp_path / "go-on" / "checkpoints" / "step7.ubj").exists()
 
 
 @pytest.mark.parametrize("fmt", ["json", "ubj"])
@@ -163,14 +188,14 @@ def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
 
     x, y = noisy()
     url = f"memory://tripwire-tests/xgb-checkpoint-{fmt}-{uuid.uuid4().hex[:8]}"
-    config = {"sampling": {"every": 1}, "rules": [{**OVERFIT, "actions": ["checkpoint", "stop"]}]}
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "overfit", "actions": ["checkpoint", {"stop": "warning"}]}]}
     booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=url, checkpoint_format=fmt)
     fs = fsspec.filesystem("memory")
     try:
-        assert cb.run_url == url and booster.num_boosted_rounds() == 3
+        assert cb.run_url == url and booster.num_boosted_rounds() == 8
         names = [p.rsplit("/", 1)[1] for p in fs.ls(f"{url}/checkpoints", detail=False)]
-        assert names == [f"step2.{fmt}"]
-        with fsspec.open(f"{url}/checkpoints/step2.{fmt}", "rb") as f:
+        assert names == [f"step7.{fmt}"]
+        with fsspec.open(f"{url}/checkpoints/step7.{fmt}", "rb") as f:
             raw = f.read()
         if fmt == "json":
             assert json.loads(raw)["learner"]["gradient_booster"]["name"] == "gbtree"
@@ -181,7 +206,7 @@ def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
         saved = xgb.Booster()
         saved.load_model(bytearray(raw))
         data = xgb.DMatrix(x[300:])
-        assert saved.num_boosted_rounds() == 3 and np.array_equal(saved.predict(data), booster.predict(data))
+        assert saved.num_boosted_rounds() == 8 and np.array_equal(saved.predict(data), booster.predict(data))
         assert tripwire.open_run(url).info["status"] == "stopped"
     finally:
         fs.rm(url, recursive=True)
@@ -189,7 +214,7 @@ def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
 
 def test_raise_action_raises_rule_fired_and_closes_the_run(tmp_path):
     x, y = noisy()
-    config = {"sampling": {"every": 1}, "rules": [{"rule": "tree_depth", "actions": ["raise"]}]}
+    config = {"sampling": {"every": 1}, "rules": [{"rule": "tree_depth", "actions": [{"raise": "info"}]}]}
     with pytest.raises(tripwire.RuleFired):
         train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "raise", checkpoint_format="json")
     assert tripwire.open_run(tmp_path / "raise").info["status"] == "stopped"
@@ -209,21 +234,40 @@ def test_the_config_in_the_docs_runs_as_documented(tmp_path):
     assert {"metrics/validation/logloss", "trees/depth", "labels"} <= set(run.tensor_names())
 
 
-@pytest.mark.parametrize("labels, scores, fires", [
-    (np.repeat([0, 1], 300), np.r_[np.full(300, 0.1), np.full(240, 0.2), np.full(60, 0.9)], "80% of the 300"),
-    (np.repeat([0, 1], 300), np.r_[np.full(300, -2.1), np.full(300, 1.7)], None),  # logits: class 1 above 0.5
-    (np.eye(3)[np.repeat([0, 1, 2], 200)], np.eye(3)[np.repeat([0, 1, 2], 200)] * 5, None),  # one-hot, [n, C]
-    (np.repeat([0, 1, 2], 200), np.repeat([0, 2, 2], 200).astype(float), "100% of the 200 samples of class 1"),
+@pytest.mark.parametrize("labels, scores, expected", [
+    (np.repeat([0, 1], 3), np.r_[np.full(3, 0.1), 0.2, 0.2, 0.9], [0, 0, 0, 0, 0, 1]),  # one probability each
+    (np.repeat([0, 1], 3), np.r_[np.full(3, -2.1), np.full(3, 1.7)], [0, 0, 0, 1, 1, 1]),  # logits, threshold 0
+    (np.eye(3)[[0, 1, 2]], np.eye(3)[[0, 2, 2]] * 5, [0, 2, 2]),  # one-hot labels, [n, C] scores
+    (np.array([0, 1, 2]), np.array([0.0, 2.0, 2.0]), [0, 2, 2]),  # class ids predicted
+    (np.array([[1, 2, -100]]), np.eye(4)[[[1, 3, 0]]], [1, 3]),  # tokens: [n, T] ids, [n, T, V] logits, padding
 ])
-def test_class_rules_read_labels_and_predictions_in_every_format(labels, scores, fires):
-    from tripwire.core.history import History
-    from tripwire.core.rules.classification import ClassImbalance
+def test_class_rules_read_labels_and_predictions_in_every_format(labels, scores, expected):
+    from tripwire.core.rules.classification import _classified
 
-    history = History(16, 16)
-    history.add(0, "train", 20, {}, {"labels": labels, "predictions": scores})
+    threshold = 0.0 if scores.min() < 0 else 0.5
+    y, predicted = _classified(labels, scores, threshold)
+    assert predicted.tolist() == expected and len(y) == len(expected)
+
+
+def test_data_that_is_not_a_classifiers_is_not_judged_and_labels_that_are_not_class_ids_are_a_finding():
+    from tripwire.core.history import History
+    from tripwire.core.rules.base import NotApplicable
+    from tripwire.core.rules.classification import ClassImbalance, NotClassIds, _classified
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(NotApplicable, match="regressor's targets"):  # one score per sample, continuous targets
+        _classified(rng.normal(size=300), rng.normal(size=(300, 1)), 0.5)
+    with pytest.raises(NotApplicable, match="not a classifier's"):  # reconstructions [n, 64] against [n, 8]
+        _classified(rng.normal(size=(300, 8)), rng.normal(size=(300, 64)), 0.5)
+    with pytest.raises(NotClassIds, match="like 0.003922"):  # digits divided by 255, scores per class
+        _classified(np.repeat([0, 1, 2], 100) / 255, rng.normal(size=(300, 3)), 0.5)
+    history = History(16, 16)  # the rule: a fired verdict that says so, with its own hint
+    history.add(0, "train", 20, {}, {"labels": np.repeat([0, 1], 300) / 255, "predictions": rng.random(600)})
     verdict = ClassImbalance().check(history.at(20, "train", 0), 20)
-    assert verdict is None if fires is None else fires in verdict.message
-    assert ClassImbalance(samples=601).check(history.at(20, "train", 0), 20) is None  # too few labels yet
+    assert verdict.finding == "not_class_ids" and verdict.severity == "warning" and "divided by 255" in verdict.hint
+    history = History(16, 16)
+    history.add(0, "train", 21, {}, {"labels": np.repeat([0, 0, 1], 200), "predictions": rng.random(600)})
+    assert ClassImbalance(samples=601).check(history.at(21, "train", 0), 21) is None  # too few labels yet
 
 
 def cli(*args):
@@ -239,11 +283,12 @@ def test_check_and_show_handle_xgboost_runs(tmp_path):
                        out_dir=tmp_path / "sane")
 
     bad = cli("check", faulty.run_url)
-    assert bad.returncode == 1 and "[tree_depth] fired at step 0" in bad.stdout and "[overfit] fired" in bad.stdout
+    assert bad.returncode == 1 and "[tree_depth] info at step 0" in bad.stdout and "[overfit] warning" in bad.stdout
     ok = cli("check", sane.run_url)
-    assert ok.returncode == 0 and "0 rule(s) fired" in ok.stdout
+    assert ok.returncode == 0 and "0 finding(s) at warning or error" in ok.stdout
     (tmp_path / "deeper.yaml").write_text("rules: [{rule: tree_depth, params: {depth: 1}}]\n")
-    assert cli("check", sane.run_url, "--config", str(tmp_path / "deeper.yaml")).returncode == 1
+    deeper = cli("check", sane.run_url, "--config", str(tmp_path / "deeper.yaml"))  # info: worth a look, exit 0
+    assert deeper.returncode == 0 and "[tree_depth] info at step 0" in deeper.stdout and "1 at info" in deeper.stdout
     show = cli("show", faulty.run_url)
     assert show.returncode == 0 and "xgboost" in show.stdout and "trees/depth" in show.stdout
 
@@ -265,7 +310,7 @@ def test_dask_two_workers_record_and_stop_together(tmp_path, dask_client, worker
 
     x, y = noisy()
     config = {"workers": workers, "sampling": {"every": 1}, "collections": {"labels": {"save": "tensors"}},
-              "rules": [{**OVERFIT, "actions": ["log", "checkpoint", "stop"]}]}
+              "rules": [{"rule": "overfit", "actions": ["log", "checkpoint", {"stop": "warning"}]}]}
     cb = TripwireCallback(config, out_dir=tmp_path / "dask", eval_data=(x[300:], y[300:]))
     dtrain, dval = (dxgb.DaskDMatrix(dask_client, da.from_array(a, chunks=150), da.from_array(b, chunks=150))
                     for a, b in ((x[:300], y[:300]), (x[300:], y[300:])))
@@ -273,11 +318,11 @@ def test_dask_two_workers_record_and_stop_together(tmp_path, dask_client, worker
 
     run = tripwire.open_run(cb.run_url)
     verdicts = [v for v in run.verdicts() if v.fired]
-    assert {v.step for v in verdicts} == {2} and out["booster"].num_boosted_rounds() == 3  # both workers stopped
+    assert {v.step for v in verdicts} == {7} and out["booster"].num_boosted_rounds() == 8  # both workers stopped
     assert run.workers() == ([0] if workers == "zero" else [0, 1]) == sorted(v.worker for v in verdicts)
     assert run.info["world_size"] == 2 and run.info["status"] == "stopped"
-    assert run.steps() == [0, 1, 2] and np.array_equal(run.tensor("labels").value(2), y[300:])
-    assert (tmp_path / "dask" / "checkpoints" / "step2.ubj").exists()
+    assert run.steps() == list(range(8)) and np.array_equal(run.tensor("labels").value(7), y[300:])
+    assert (tmp_path / "dask" / "checkpoints" / "step7.ubj").exists()
 
 
 @pytest.mark.timeout(180)

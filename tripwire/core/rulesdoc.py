@@ -1,8 +1,10 @@
 """Rule documentation, written from the rule classes themselves: `tripwire rules NAME` and docs/rules.md.
 
 One source: a rule's docstring (what it detects), `condition`, parameters,
-`requires()`, `hint` and `source`. Regenerate the docs with
-`python -m tripwire.core.rulesdoc > docs/rules.md`; a test keeps them in step.
+`requires()`, `hint` and `source`, and each rule's record on the zoo
+(`make zoo` writes it to benchmarks/results/zoo.json). Regenerate the docs with
+`python -m tripwire.core.rulesdoc --zoo benchmarks/results/zoo.json > docs/rules.md`;
+a test keeps them in step.
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ Generated from the rule classes by `python -m tripwire.core.rulesdoc`; `tripwire
 A rule reads captured data and returns a verdict when its condition holds. Each rule declares what it
 requires; enabling it in the config turns that capture on (collections, reductions, full tensors, extra
 steps). Rules are evaluated at the sampled steps of the modes they look at, in the training process
-(`evaluation: {where: in_process}`) or by `tripwire watch` (`side_process`), through the same engine; a rule
-fires at most once per worker, at the first step its condition holds. A rule that never saw the data it
-requires reports `no_data` when the run ends; a rule that raises reports `error` once and is disabled,
-while training goes on.
+(`evaluation: {where: in_process}`) or by `tripwire watch` (`side_process`), through the same engine. A rule
+reports each of its findings (a tensor, a side of a threshold, a severity) once per worker, at the first step
+it holds, and at most 20 findings. Every verdict has a severity: `error` (the run is broken), `warning`
+(likely a problem) or `info` (worth a look); `stop` and `raise` act on errors unless the config says
+`{stop: warning}`. A rule that never saw the data it requires, or found it is not the kind it judges (a
+regressor's targets for a classifier's rule), reports `no_data` when the run ends; a rule that raises reports
+`error` once and is disabled, while training goes on.
+
+Rules judge a parameter by its role in the model's structure, which every plugin records when training starts
+(`run.info["model"]`): weight rules judge kernels (dense, convolution, recurrent and attention weights), not
+normalisation scales, embedding tables, biases or frozen layers. Each rule below ends with its record on the
+zoo (benchmarks/zoo: realistic healthy and faulty setups in Lightning, plain PyTorch, Keras on three backends
+and XGBoost), with every rule on: the healthy runs it fired on at warning or error, and the faults it caught.
 
 Configure a rule in the `rules:` list of the config:
 
@@ -40,7 +51,9 @@ CUSTOM = """\
 A rule is a subclass of `tripwire.Rule`; a dataclass is the shortest way to give it parameters, which the
 config's `params:` are checked against. `requires()` declares the data (and so turns its capture on);
 `check(run, step)` reads the run as of `step` through the same API as `tripwire.open_run` and returns
-`self.fire(step, message, **evidence)` or None.
+`self.fire(step, message, **evidence)` (or a list of them, one per finding) or None. A verdict is a warning
+unless the class says `severity = "error"` (or `fire(..., severity=...)` does): set it to `error` where your
+rule's `stop` should act.
 
 ```python
 from dataclasses import dataclass
@@ -82,7 +95,8 @@ def requirement_lines(rule) -> list[str]:
         parts = [f"reductions {', '.join(req.reductions)}" if req.reductions else "",
                  "full tensors" if req.save_tensors else "",
                  f"layers matching {', '.join(req.include)}" if req.include else "",
-                 f"at steps {req.steps[0]}..{req.steps[-1]} only (sampled for it)" if req.steps else ""]
+                 f"at steps {req.steps[0]}..{req.steps[-1]} only (sampled for it)" if req.steps else "",
+                 "where the framework has it" if req.optional else ""]
         lines.append(what + "".join(f"; {p}" for p in parts if p))
     return lines
 
@@ -122,7 +136,25 @@ def summary(cls, width: int = 100) -> str:
                       block("parameters", params), block("hint", cls.hint)])
 
 
-def markdown() -> str:
+def zoo_record(rule: str, zoo: dict | None) -> str:
+    """A rule's record on the zoo, as a sentence, from `make zoo`'s benchmarks/results/zoo.json."""
+    entry = (zoo or {}).get("rules", {}).get(rule)
+    if entry is None:
+        return "Not measured on the zoo (it needs parameters of your own)." if zoo else "Not measured yet."
+    alarms = entry["false_alarms"]
+    text = (f"False alarms: {len(alarms)} of {entry['healthy_runs']} healthy runs" +
+            (f" ({', '.join(alarms)})" if alarms else "") + ".")
+    if entry["named"]:
+        missed = [c for c in entry["named"] if c not in entry["caught"]]
+        text += (f" Caught {len(entry['caught'])} of the {len(entry['named'])} faults it names" +
+                 (f" (missed: {', '.join(missed)})" if missed else "") + ".")
+    if entry["also_fired_on"]:
+        text += f" Also fired on faults other rules name: {', '.join(entry['also_fired_on'])}."
+    return text
+
+
+def markdown(zoo: dict | None = None) -> str:
+    """docs/rules.md; `zoo`: each rule's record on the zoo (benchmarks/results/zoo.json)."""
     from .rules.registry import builtin_rules
 
     sections = [INTRO]
@@ -139,10 +171,17 @@ def markdown() -> str:
             "**Requires.** " + "; ".join(requirement_lines(rule) or ["nothing captured"]) +
             f". Evaluated {_evaluated(cls)}.", "",
             f"**Hint.** {cls.hint}", "",
-            f"**Source.** {cls.source}", ""]))
+            f"**Source.** {cls.source}", "",
+            f"**On the zoo.** {zoo_record(name, zoo)}", ""]))
     sections.append(CUSTOM)
     return "\n".join(sections)
 
 
 if __name__ == "__main__":
-    print(markdown(), end="")
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m tripwire.core.rulesdoc", description="docs/rules.md")
+    parser.add_argument("--zoo", help="each rule's record on the zoo: benchmarks/results/zoo.json")
+    args = parser.parse_args()
+    print(markdown(json.loads(open(args.zoo).read()) if args.zoo else None), end="")

@@ -3,7 +3,7 @@
 A rule is a small (usually dataclass) class: its fields are its parameters,
 `requires()` declares the collections and reductions it reads (enabling the
 rule turns that capture on), and `check(run, step)` looks at the run as of
-`step` and returns a Verdict or None. `run` is a read view scoped to the
+`step` and returns a Verdict, a list of them (one per finding), or None. `run` is a read view scoped to the
 mode and worker being evaluated, the same interface as `tripwire.open_run`,
 backed by recent memory in the training process or by the store elsewhere.
 """
@@ -15,6 +15,7 @@ import inspect
 import re
 from typing import ClassVar
 
+from ..model import role_of
 from ..verdict import Verdict
 
 
@@ -22,16 +23,25 @@ from ..verdict import Verdict
 class Requirement:
     """Data a rule reads: a collection ("*" = every tensor collection captured), its reductions, full tensors;
     for a collection that would otherwise capture everything, which tensors (`include` patterns); and steps
-    that must be sampled beyond the configured schedule (e.g. the first steps of training)."""
+    that must be sampled beyond the configured schedule (e.g. the first steps of training). An `optional` one is
+    captured where the framework has it, and the rule judges without it elsewhere (the learning rate, which a
+    booster has not)."""
 
     collection: str
     reductions: tuple = ()
     save_tensors: bool = False
     include: tuple = ()
     steps: tuple = ()
+    optional: bool = False
 
 
 _NO_DEFAULT = object()
+
+
+class NotApplicable(Exception):
+    """Raised by `check` when the data is not of the kind the rule judges (a regressor's labels for a classifier's
+    rule): not a verdict, not a failure. The rule keeps being evaluated; if it never finds anything, the run
+    ends with a `no_data` verdict that gives this reason."""
 
 
 class Rule:
@@ -42,6 +52,7 @@ class Rule:
     modes: ClassVar[tuple] = ("train",)  # the modes whose steps the rule is evaluated at
     history: ClassVar[int] = 1  # samples per series the rule looks back over
     idle: ClassVar[bool] = False  # judged by the clock through check_idle, not at steps
+    severity: ClassVar[str] = "warning"  # of its verdicts unless `fire` is told otherwise
     required: ClassVar[tuple] = ()  # parameters a config must give (beyond those without a default)
 
     @classmethod
@@ -79,6 +90,10 @@ class Rule:
     def requires(self) -> list[Requirement]:
         return []
 
+    def needs(self) -> set[str]:
+        """The collections the rule cannot judge without (its requirements that are not optional)."""
+        return {r.collection for r in self.requires() if not r.optional}
+
     def check(self, run, step: int) -> Verdict | None:
         raise NotImplementedError
 
@@ -86,9 +101,46 @@ class Rule:
         """For `idle` rules: called periodically with the time of the last captured sample."""
         return None
 
-    def fire(self, step: int, message: str, **evidence) -> Verdict:
-        """A fired verdict for this rule; the engine fills in the rule id, mode and worker."""
-        return Verdict(rule=self.rule_name(), step=int(step), message=message, evidence=evidence, hint=self.hint)
+    def fire(self, step: int, message: str, *, severity: str | None = None, finding: str = "",
+             hint: str = "", **evidence) -> Verdict:
+        """A fired verdict for this rule; the engine fills in the rule id, mode and worker.
+
+        finding: what it is about (a tensor, a side of a threshold): reported once per worker and severity.
+        hint: a hint for this finding, in place of the rule's own."""
+        return Verdict(rule=self.rule_name(), step=int(step), message=message, evidence=evidence,
+                       hint=hint or self.hint, severity=severity or self.severity, finding=finding)
+
+
+def of_roles(run, values: dict, roles, trainable_only: bool = True) -> dict:
+    """The entries of {tensor name: value} about a parameter of one of these roles (tripwire.core.model.ROLES)
+    that trains (or, without `trainable_only`, that was captured at all: requires_grad, but held by no optimizer),
+    in the model's structure where the run recorded it (`run.model`), else by collection (`role_of`). A rule judges
+    kernels as kernels, and leaves normalisation scales, embedding tables and frozen layers to the rules about
+    them."""
+    model = run.model
+    out = {}
+    for name, value in values.items():
+        parameter = model.of(name) if model is not None else None
+        if parameter is None:
+            if role_of(model, name) in roles:
+                out[name] = value
+        elif parameter.role in roles and (parameter.trainable or not trainable_only) and parameter.tied_to is None:
+            out[name] = value
+    return out
+
+
+def held(run, name: str, reduction: str, count: int, step: int, condition) -> bool:
+    """Whether `condition(value)` held at each of the newest `count` samples of a tensor's reduction, the newest
+    being `step`: a single-batch measurement is judged over several samples, not one."""
+    steps, values = run.tensor(name).tail(reduction, count)
+    return len(steps) == count and steps[-1] == step and all(condition(v) for v in values)
+
+
+def learning_rates(run, step: int) -> list[float] | None:
+    """The learning rates recorded at this step (`optimizer/lr`, `optimizer/lr.1`, … one per parameter group),
+    or None where the run holds none."""
+    rates = values_at(run, step, "value", ["optimizer"], r"^optimizer/lr(\.[0-9.]+)?$")
+    return list(rates.values()) or None
 
 
 def values_at(run, step: int, reduction: str, collections=(), regex: str = "") -> dict[str, float]:

@@ -1,37 +1,55 @@
-"""Rules over gradients."""
+"""Rules over gradients, judged on trainable kernels (dense, convolution, recurrent, attention weights).
+
+Biases are left out: a bias whose shift the next layer removes (a
+normalisation, the keys of an attention) has a gradient of 0 by
+construction. Embedding tables are left out: a batch touches few of their
+rows, so their gradient is small and sparse by nature.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..naming import is_bias, path_of
-from .base import Requirement, Rule, values_at
+from ..model import KERNEL_ROLES
+from .base import Requirement, Rule, held, of_roles, values_at
 
 
 @dataclass
 class VanishingGradient(Rule):
-    """Gradients so small that the layers they reach stop learning."""
+    """Gradients so small, against the rest of the network's, that the layers they reach stop learning."""
 
     threshold: float = 1e-7
+    ratio: float = 1e-3
+    patience: int = 3
 
     name = "vanishing_gradient"
-    condition = "the mean absolute value (abs_mean) of any captured gradient is below `threshold`"
+    condition = ("a trainable kernel's mean absolute gradient (abs_mean) is below `threshold` and below `ratio` "
+                 "times the largest kernel's at each of its last `patience` samples (the whole network's gradients "
+                 "shrink together as training converges; a vanishing one shrinks against the others)")
     hint = ("Gradients vanish before reaching the early layers. Likely causes: saturating activations (sigmoid, "
             "tanh) in a deep stack, poor initialisation, a learning rate so small that nothing moves. Try: ReLU, "
             "GELU or SELU instead of sigmoid/tanh; batch or layer normalisation; residual connections; He "
             "(Kaiming) initialisation; a larger learning rate.")
-    source = "smdebug VanishingGradient: mean(|gradient|) < threshold, default 1e-7 (DeepDiagnosis uses the same)."
+    source = ("smdebug VanishingGradient: mean(|gradient|) < threshold, default 1e-7 (DeepDiagnosis uses the same); "
+              "here on kernels, against the largest kernel gradient, over `patience` samples.")
 
     def requires(self):
         return [Requirement("gradients", ("abs_mean",))]
 
     def check(self, run, step):
-        small = {n: v for n, v in values_at(run, step, "abs_mean", ["gradients"]).items() if v < self.threshold}
+        means = of_roles(run, values_at(run, step, "abs_mean", ["gradients"]), KERNEL_ROLES)
+        if len(means) < 2:
+            return None
+        largest = max(means.values())
+        small = {n: v for n, v in means.items() if v < self.threshold and v < self.ratio * largest
+                 and held(run, n, "abs_mean", self.patience, step, lambda g: g < self.threshold)}
         if not small:
             return None
         name = min(small, key=small.get)
-        return self.fire(step, f"{len(small)} gradient(s) have mean |g| below {self.threshold:g}; the smallest is "
-                               f"{name} at {small[name]:.3g}.", gradients=small, threshold=self.threshold)
+        return self.fire(step, f"{len(small)} kernel gradient(s) have mean |g| below {self.threshold:g} at "
+                               f"{self.patience} samples in a row; the smallest is {name} at {small[name]:.3g}, "
+                               f"against {largest:.3g} for the largest.", finding=",".join(small), gradients=small,
+                         threshold=self.threshold)
 
 
 @dataclass
@@ -42,32 +60,45 @@ class ExplodingGradient(Rule):
     max_norm: float = 1000.0
 
     name = "exploding_gradient"
-    condition = ("the L2 norm of the first layer's weight gradient is more than `ratio_threshold` times the last "
-                 "layer's (layers in the model's order), or any gradient's L2 norm exceeds `max_norm`")
+    condition = ("the L2 norm of the first layer's trainable kernel gradients is more than `ratio_threshold` times "
+                 "the last layer's (layers in the model's order; a layer's kernels taken together, so a recurrent "
+                 "layer's input and recurrent kernels are one layer), or some kernel gradient's L2 norm exceeds "
+                 "`max_norm`")
     hint = ("Gradients grow as they flow back through the layers, so early layers take huge steps. Likely causes: "
             "weights initialised too large, no normalisation, a deep stack without residual connections, a "
             "learning rate too high. Try: gradient clipping (gradient_clip_val / clipnorm), He or Glorot "
             "initialisation, batch or layer normalisation, a lower learning rate.")
     source = ("AUTOTRAINER (Zhang et al., ICSE 2021) exploding gradient: first/last layer gradient-norm ratio > 70 "
-              "(beta_3); the absolute bound `max_norm` is tripwire's own.")
+              "(beta_3); the absolute bound `max_norm` is tripwire's own; here on kernels, by layer.")
 
     def requires(self):
         return [Requirement("gradients", ("l2",))]
 
     def check(self, run, step):
-        norms = values_at(run, step, "l2", ["gradients"])
+        norms = of_roles(run, values_at(run, step, "l2", ["gradients"]), KERNEL_ROLES)
+        found = []
         large = {n: v for n, v in norms.items() if v > self.max_norm}
         if large:
             name = max(large, key=large.get)
-            return self.fire(step, f"{name} has L2 norm {large[name]:.3g}, above {self.max_norm:g}.",
-                             gradients=large, max_norm=self.max_norm)
-        weights = [n for n in norms if not is_bias(path_of(n))]
-        if len(weights) < 2 or not norms[weights[-1]] > 0:
-            return None
-        ratio = norms[weights[0]] / norms[weights[-1]]
-        if ratio > self.ratio_threshold:
-            return self.fire(step, f"the first layer's gradient ({weights[0]}, L2 {norms[weights[0]]:.3g}) is "
-                                   f"{ratio:.0f}x the last layer's ({weights[-1]}, L2 {norms[weights[-1]]:.3g}); "
-                                   f"limit {self.ratio_threshold:g}x.", ratio=ratio, first=weights[0],
-                             last=weights[-1])
-        return None
+            found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {self.max_norm:g}.",
+                                   finding="norm", gradients=large, max_norm=self.max_norm))
+        layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}
+        if len(layers) >= 2:
+            (first, a), (last, b) = next(iter(layers.items())), list(layers.items())[-1]
+            if b > 0 and a / b > self.ratio_threshold:
+                found.append(self.fire(step, f"the first layer's kernel gradient ({first}, L2 {a:.3g}) is "
+                                             f"{a / b:.0f}x the last layer's ({last}, L2 {b:.3g}); limit "
+                                             f"{self.ratio_threshold:g}x.", finding="ratio", ratio=a / b,
+                                       first=first, last=last))
+        return found or None
+
+
+def _by_layer(run, values: dict) -> dict[str, list]:
+    """{layer: its tensor names}, in the model's order: a recurrent layer's input and recurrent kernels are one
+    layer, not its first and last."""
+    model = run.model
+    out: dict = {}
+    for name in values:
+        parameter = model.of(name) if model is not None else None
+        out.setdefault(parameter.layer if parameter is not None else name, []).append(name)
+    return out

@@ -1,9 +1,8 @@
-"""Rules over losses and metrics.
+"""Rules over losses and metrics, judged against their own noise.
 
 Which series they read, and in which mode, are parameters: the defaults read
-Lightning's and Keras' `losses/train` and `metrics/val_loss`; XGBoost's eval
-log (`metrics/<eval set>/<metric>`, all in mode train) is read by naming its
-series (docs/rules.md shows the config).
+`losses/train` and `metrics/val_loss` (mode eval), which every plugin records
+(XGBoost from its eval log, as its early stopping reads it).
 """
 
 from __future__ import annotations
@@ -18,63 +17,111 @@ from .base import Requirement, Rule
 
 @dataclass
 class LossNotDecreasing(Rule):
-    """A loss, or any series that should go down (an XGBoost eval metric), that stopped going down.
+    """A loss, or any series that should go down, that does not: it never went down, it rises, or it levelled off.
 
-    On XGBoost's eval log: `params: {collection: metrics, tensor_regex: "^metrics/validation/logloss$"}`
-    (the eval set's name as given to xgb.train; `validation_1` for the second `eval_set` of an sklearn estimator).
+    On a series of your own: `params: {tensor_regex: "^metrics/my_loss$", collection: metrics}`.
     """
 
-    window: int = 5  # samples per mean
-    diff_percent: float = 0.1
+    window: int = 5  # samples per window
+    z: float = 2.0  # a difference counts when it exceeds this many standard errors of the two windows' means
     tensor_regex: str = "^losses/"
     collection: str = "losses"  # the collection the `tensor_regex` series are in (captured for the rule)
     mode: str = "train"  # the mode whose steps hold the series
 
     name = "loss_not_decreasing"
-    condition = ("for a series matching `tensor_regex` (in `mode`), the mean of the newest `window` samples is not "
-                 "at least `diff_percent` % below the mean of the `window` samples before them")
-    hint = ("The loss stopped going down. If it never went down: the learning rate may be 0 or far too small, "
-            "the parameters may not be in the optimizer, labels may not match inputs, or gradients may vanish. If "
-            "it went down and levelled off, training has converged: stop here or lower the learning rate "
-            "(a scheduler).")
-    source = ("smdebug LossNotDecreasing (num_steps 10, diff_percent 0.1): here compared over means of `window` "
-              "samples rather than two single steps, so one noisy batch does not decide.")
+    condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
+                 "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
+                 "is noisy; its spread is taken from the changes between neighbouring samples): the newest window is not below the first window of the run, three or more windows "
+                 "in (error: nothing learns), or above it (warning: the loss rises); or it is not below the window "
+                 "before it while it is below the first (info: it levelled off, training has converged). Not "
+                 "judged while the learning rate is still rising (a warmup)")
+    hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
+            "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
+            "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
+            "gradients may vanish. If it rises: the learning rate is too high. If it went down and levelled off, "
+            "training has converged: stop here or lower the learning rate (a scheduler).")
+    source = ("smdebug LossNotDecreasing (num_steps 10, diff_percent 0.1 on two single steps): here windows of "
+              "samples compared against their own noise, so that the noise of minibatch losses does not decide, "
+              "and a plateau after progress is info, not a warning.")
 
     def __post_init__(self):
         self.modes = (_mode(self.mode),)
+        self._first: dict = {}  # (worker, series) -> the first window's values
+        self._count: dict = {}  # (worker, series) -> samples seen (the history in memory holds only the last few)
 
     @property
     def history(self):
         return 2 * self.window
 
     def requires(self):
-        return [Requirement(self.collection)]
+        return [Requirement(self.collection), Requirement("optimizer", optional=True)]
 
     def check(self, run, step):
-        for name in run.tensor_names(regex=self.tensor_regex):
-            steps, values = run.tensor(name).series()
-            if len(steps) < 2 * self.window or steps[-1] != step:
+        found = []
+        for name in run.tensor_names(regex=self.tensor_regex, mode=self.mode):
+            steps, values = run.tensor(name).series(mode=self.mode)
+            if not len(steps) or steps[-1] != step:
                 continue
-            before = float(np.mean(values[-2 * self.window:-self.window]))
-            now = float(np.mean(values[-self.window:]))
-            if now > before * (1 - self.diff_percent / 100) or not np.isfinite(now):
-                return self.fire(step, f"{name} averaged {now:.4g} over its last {self.window} samples, against "
-                                       f"{before:.4g} over the {self.window} before: not {self.diff_percent:g}% "
-                                       "lower.", tensor=name, mean_before=before, mean_now=now)
+            key = (run.default_worker, name)
+            first = self._first.setdefault(key, [])
+            self._count[key] = self._count.get(key, 0) + 1
+            if len(first) < self.window:
+                first.append(float(values[-1]))
+                continue
+            if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
+                    or _warming_up(run, steps[-2 * self.window]):
+                continue
+            verdict = self._judge(step, name, np.asarray(first), values[-2 * self.window:-self.window],
+                                  values[-self.window:], self._count[key])
+            if verdict is not None:
+                found.append(verdict)
+        return found or None
+
+    def _judge(self, step, name, first, before, now, samples):
+        sigma = _noise(np.concatenate([before, now]))
+        below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
+        never_down = not below(now, first)
+        if never_down and samples >= 3 * self.window:
+            rising = below(first, now)
+            return self.fire(step, f"{name} {'rose' if rising else 'has not gone down'} since training began: "
+                                   f"{now.mean():.4g} over its last {self.window} samples against {first.mean():.4g} "
+                                   f"over its first {self.window}.", severity="warning" if rising else "error",
+                             finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
+                             now=float(now.mean()))
+        if not never_down and not below(now, before) and not below(before, now):
+            return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
+                                   f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
+                             severity="info", finding="plateau", tensor=name, before=float(before.mean()),
+                             now=float(now.mean()))
         return None
+
+
+def _noise(values: np.ndarray) -> float:
+    """The spread of a series' samples about its trend: from the median change between neighbours (for independent
+    noise of spread s, the change has median 0.954 s), so a falling loss's own descent does not count as noise."""
+    return float(np.median(np.abs(np.diff(values)))) / 0.954 + 1e-12 * float(np.abs(values).mean())
+
+
+def _warming_up(run, since: int) -> bool:
+    """Whether the first parameter group's learning rate rose since step `since` (a warmup is under way)."""
+    if "optimizer/lr" not in run.tensor_names("optimizer", mode="train"):
+        return False
+    steps, rates = run.tensor("optimizer/lr").series(mode="train")
+    earlier = rates[steps <= since]
+    return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
 @dataclass
 class Overfit(Rule):
-    """A validation loss well above the training loss: the model fits its training data, not the task.
+    """A validation loss that rises from its best while the training loss does not: the model fits its training
+    data, not the task.
 
-    On XGBoost's eval log, where every eval set is recorded at each round in mode train: `params:
-    {train_tensor: metrics/train/logloss, val_tensor: metrics/validation/logloss, val_mode: train}` (a metric
-    that is lower when better: logloss, mlogloss, rmse, error).
+    On XGBoost's eval log the defaults read the validation set's loss as XGBoost's early stopping does; another
+    series: `params: {val_tensor: metrics/validation/error, val_mode: train}` (a metric that is lower when better).
     """
 
-    ratio_threshold: float = 0.1
-    patience: int = 1
+    patience: int = 3
+    min_delta: float = 0.2
     start_step: int = 0
     val_tensor: str = "metrics/val_loss"
     train_tensor: str = "losses/train"
@@ -83,12 +130,17 @@ class Overfit(Rule):
 
     name = "overfit"
     modes = ("eval",)
-    condition = ("at `patience` evaluations in a row (from start_step), (val - train) / train > ratio_threshold, "
-                 "where val is `val_tensor` (in `val_mode`) at the evaluation and train is the mean of "
-                 "`train_tensor` (in `train_mode`) since the evaluation before")
-    hint = ("The model fits the training data much better than held-out data. Try: more data or augmentation, "
-            "dropout, weight decay, a smaller model, early stopping on the validation loss.")
-    source = "smdebug Overfit (ratio_threshold 0.1, patience 1, start_step 0)."
+    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its "
+                 "best before them by more than `min_delta` of that best and more than its own noise (the median "
+                 "change from one evaluation to the next), while the training loss (`train_tensor`, mean since the "
+                 "evaluation before) is no higher than at the best evaluation")
+    hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
+            "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
+            "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
+            "min_child_weight, subsample < 1, fewer rounds (early_stopping_rounds).")
+    source = ("smdebug Overfit (ratio_threshold 0.1 on the gap between validation and training loss, patience 1): "
+              "a gap alone holds on most healthy models, so here the validation loss must rise from its own best, "
+              "beyond its noise, for `patience` evaluations while the training loss does not.")
 
     def __post_init__(self):
         self.modes = (_mode(self.val_mode),)
@@ -103,18 +155,29 @@ class Overfit(Rule):
                                                         collection_of(self.val_tensor)])]
 
     def check(self, run, step):
+        if step < self.start_step or self.val_tensor not in run.tensor_names(mode=self.val_mode):
+            return None
+        steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
+        keep = steps >= self.start_step
+        steps, val = steps[keep], val[keep]
+        if len(val) < self.patience + 2 or steps[-1] != step or not np.all(np.isfinite(val)):
+            return None
+        history, recent = val[:-self.patience], val[-self.patience:]
+        best = int(np.argmin(history))
+        noise = float(np.median(np.abs(np.diff(val))))
+        margin = max(self.min_delta * abs(history[best]), noise)
+        if not np.all(recent > history[best] + margin):
+            return None
         found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
-        if step < self.start_step or found is None or len(found[0]) < self.patience:
-            return None
-        val_steps, val, train = (a[len(a) - self.patience:] for a in found)
-        if np.isnan(train).any() or val_steps[0] < self.start_step:
-            return None
-        ratios = [(v - t) / abs(t) if t else float("inf") for v, t in zip(val, train)]
-        if all(r > self.ratio_threshold for r in ratios):
-            return self.fire(step, f"{self.val_tensor} is {ratios[-1]:.0%} above the training loss "
-                                   f"(limit {self.ratio_threshold:.0%}) at {self.patience} evaluation(s) in a row.",
-                             ratios=ratios, val=float(val[-1]))
-        return None
+        if found is not None:
+            eval_steps, _, train = found
+            at_best, now = train[eval_steps == steps[best]], train[-1]
+            if len(at_best) and np.isfinite(at_best[0]) and np.isfinite(now) and now > at_best[0]:
+                return None  # both rise: not overfitting (the loss rules see a training that diverges)
+        return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {history[best]:.4g} at "
+                               f"step {int(steps[best])}, for {self.patience} evaluations in a row, while the "
+                               "training loss did not.", tensor=self.val_tensor, best=float(history[best]),
+                         best_step=int(steps[best]), now=float(recent[-1]))
 
 
 def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",

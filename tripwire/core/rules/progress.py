@@ -15,7 +15,7 @@ from .losses import train_means_at_evals
 class OscillatingLoss(Rule):
     """A loss or metric that swings up and down instead of settling."""
 
-    amplitude: float = 0.03
+    amplitude: float = 0.25
     rate: float = 0.2
     min_samples: int = 10
     tensor_regex: str = "^metrics/val_loss$"
@@ -25,13 +25,15 @@ class OscillatingLoss(Rule):
     modes = ("train", "eval")
     condition = ("over the samples of a tensor matching `tensor_regex` in `mode` (at least `min_samples`), pair "
                  "the k-th local maximum with the k-th local minimum; the rule fires when the pairs whose "
-                 "difference is at least `amplitude` number at least `rate` × the samples")
+                 "difference is at least `amplitude` times the series' median (a swing relative to its level, so "
+                 "the noise of a small validation set does not count) number at least `rate` × the samples")
     hint = ("The loss oscillates instead of converging. Likely causes: a learning rate too high, a batch size "
             "too small, momentum too high, an unsuitable output activation or loss. Try: lower the learning rate "
             "(or decay it), increase the batch size, reduce momentum, check that the last layer and the loss "
             "match the task.")
     source = ("AUTOTRAINER (Zhang et al., ICSE 2021) unstable training: zeta 0.03 (amplitude), eta 0.2 (rate), "
-              "there on per-epoch training accuracy; here on any series, by default the per-evaluation val_loss.")
+              "there on per-epoch training accuracy, which lies in [0, 1]; here on any series, by default the "
+              "per-evaluation val_loss, so the amplitude is relative to the series' level.")
 
     @property
     def history(self):
@@ -50,12 +52,14 @@ class OscillatingLoss(Rule):
             steps, values = run.tensor(name).series(mode=self.mode)
             if len(values) < self.min_samples or steps[-1] != step:
                 continue
+            if not np.all(np.isfinite(values)):
+                continue
             pairs = _swings(values)
-            large = int(np.sum(pairs >= self.amplitude))
+            large = int(np.sum(pairs >= self.amplitude * float(np.median(np.abs(values)))))
             if large >= self.rate * len(values):
-                return self.fire(step, f"{name} swung by at least {self.amplitude:g} {large} times over its last "
-                                       f"{len(values)} samples (limit {self.rate:.0%} of them).", tensor=name,
-                                 swings=large, samples=len(values))
+                return self.fire(step, f"{name} swung by at least {self.amplitude:.0%} of its level {large} times "
+                                       f"over its last {len(values)} samples (limit {self.rate:.0%} of them).",
+                                 finding=name, tensor=name, swings=large, samples=len(values))
         return None
 
 
@@ -80,6 +84,7 @@ class Overtraining(Rule):
 
     name = "overtraining"
     modes = ("eval",)
+    severity = "info"  # training that stopped improving has converged: worth a look, not a fault
     condition = ("at an evaluation: the training loss (mean since the previous evaluation) has not improved on its "
                  "best so far for the last `patience_train` evaluations, or the validation loss for the last "
                  "`patience_validation`; an evaluation improves when it is below the best before it by more than "

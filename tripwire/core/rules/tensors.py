@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..model import KERNEL_ROLES
 from ..naming import collection_of
-from .base import Requirement, Rule, reductions_at, values_at
+from .base import Requirement, Rule, of_roles, reductions_at, values_at
 
 
 @dataclass
@@ -21,8 +22,10 @@ class ExplodingTensor(Rule):
 
     name = "exploding_tensor"
     modes = ("train", "eval", "predict")
-    condition = ("a captured tensor holds a NaN or ±Inf (reduction nonfinite_count > 0, or any reduction or "
-                 "scalar not finite) at the step evaluated")
+    severity = "error"
+    condition = ("a captured tensor holds a NaN or ±Inf at the step evaluated: its reduction nonfinite_count is "
+                 "above 0, or, for a tensor captured without it, a scalar or reduction is not finite (a reduction "
+                 "that does not apply to a tensor is absent, never NaN)")
     hint = ("Values overflowed. Likely causes: a learning rate too high, a division by ~0 or log(0) in the loss, "
             "no gradient clipping, fp16 overflow. Try: lower the learning rate (10x), clip gradients "
             "(gradient_clip_val / clipnorm), add an epsilon to divisions and logs, check inputs for NaN, use "
@@ -51,7 +54,8 @@ class ExplodingTensor(Rule):
         first = next(iter(bad))
         what = f"holds {int(bad[first])} NaN/Inf values" if bad[first] > 1 else "is not finite (NaN or Inf)"
         more = f"; so do {len(bad) - 1} more tensors" if len(bad) > 1 else ""
-        return self.fire(step, f"{first} {what} at step {step}{more}.", tensors=bad)
+        # one finding per collection: NaN spreads to every tensor within a step or two, and each is not news
+        return self.fire(step, f"{first} {what} at step {step}{more}.", finding=collection_of(first), tensors=bad)
 
 
 def _nonfinite_in(values: dict) -> float:
@@ -88,7 +92,9 @@ class AllZero(Rule):
     regex: str = ""
 
     name = "all_zero"
-    condition = "at least `threshold` % of a tensor's elements are exactly zero (reduction zero_fraction)"
+    condition = ("at least `threshold` % of the elements of a trainable kernel's weights or gradients are exactly "
+                 "zero (reduction zero_fraction); biases, normalisation shifts and embedding tables, which may be "
+                 "zero by design or sparse, are left out")
     hint = ("A tensor is all zeros. Weights: zero initialisation (every unit computes the same thing and gets "
             "the same update). Gradients: nothing flows back (dead units, detached graph, a loss that does not "
             "depend on the parameter). Activations (add them to `collections`): dead units or an input of "
@@ -99,18 +105,19 @@ class AllZero(Rule):
         return [Requirement(c, ("zero_fraction",)) for c in self.collections]
 
     def check(self, run, step):
-        zero = {n: v for n, v in values_at(run, step, "zero_fraction", self.collections, self.regex).items()
-                if v * 100 >= self.threshold}
+        fractions = of_roles(run, values_at(run, step, "zero_fraction", self.collections, self.regex), KERNEL_ROLES)
+        zero = {n: v for n, v in fractions.items() if v * 100 >= self.threshold}
         if not zero:
             return None
         first = next(iter(zero))
         return self.fire(step, f"{first} is {zero[first]:.0%} zeros" +
-                         (f"; so are {len(zero) - 1} more tensors." if len(zero) > 1 else "."), tensors=zero)
+                         (f"; so are {len(zero) - 1} more tensors." if len(zero) > 1 else "."),
+                         finding=",".join(zero), tensors=zero)
 
 
 @dataclass
 class TensorVariance(Rule):
-    """Tensors whose values spread far too much or hardly at all."""
+    """Kernels whose values spread far too much or hardly at all."""
 
     max_threshold: float = 10.0
     min_threshold: float = 1e-5
@@ -118,71 +125,131 @@ class TensorVariance(Rule):
     regex: str = ""
 
     name = "tensor_variance"
-    condition = "a tensor's variance (reduction var) is above `max_threshold` or below `min_threshold`"
+    condition = ("a trainable kernel's variance (reduction var) is above `max_threshold` or below `min_threshold`; "
+                 "kernels whose output is normalised next (their scale does not matter), biases, normalisation "
+                 "parameters and embedding tables are left out")
     hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
             "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
             "constant initialisation) so the layer cannot tell inputs apart. Try: He/Glorot initialisation, a "
             "lower learning rate, weight decay tuned; note that very wide layers (fan-in > 30,000) have a small "
             "variance by design.")
     source = ("smdebug TensorVariance (no default thresholds); max 10 and min 1e-5 from the AWS documentation's "
-              "example, also used by DeepDiagnosis (Wardat et al., ICSE 2022).")
+              "example, also used by DeepDiagnosis (Wardat et al., ICSE 2022); here on kernels that are not followed "
+              "by a normalisation.")
 
     def requires(self):
         return [Requirement(c, ("var",)) for c in self.collections]
 
     def check(self, run, step):
-        out = {n: v for n, v in values_at(run, step, "var", self.collections, self.regex).items()
-               if v > self.max_threshold or v < self.min_threshold}
-        if not out:
-            return None
-        first = next(iter(out))
-        side = "above" if out[first] > self.max_threshold else "below"
-        bound = self.max_threshold if side == "above" else self.min_threshold
-        return self.fire(step, f"{first} has variance {out[first]:.3g}, {side} {bound:g}" +
-                         (f"; {len(out) - 1} more tensors are out of range." if len(out) > 1 else "."),
-                         tensors=out)
+        variances = of_roles(run, values_at(run, step, "var", self.collections, self.regex), KERNEL_ROLES)
+        model = run.model
+        found = []
+        for name, var in variances.items():
+            parameter = model.of(name) if model is not None else None
+            if parameter is not None and parameter.scale_free:
+                continue
+            if var > self.max_threshold or var < self.min_threshold:
+                side = "above" if var > self.max_threshold else "below"
+                bound = self.max_threshold if side == "above" else self.min_threshold
+                found.append(self.fire(step, f"{name} has variance {var:.3g}, {side} {bound:g}.",
+                                       finding=f"{name}:{side}", tensor=name, variance=var))
+        return found or None
 
 
 @dataclass
 class UnchangedTensor(Rule):
-    """Tensors that stopped changing: layers that no longer train (blind spots)."""
+    """Layers that do not train: weights that no step changes, and layers frozen in the middle of a trained model."""
 
     num_steps: int = 3
-    rtol: float = 1e-5
-    atol: float = 1e-8
+    rtol: float = 0.0
+    atol: float = 0.0
     collections: list = field(default_factory=lambda: ["weights"])
     regex: str = ""
 
     name = "unchanged_tensor"
-    condition = ("a tensor's values are allclose (rtol, atol) over its last `num_steps` samples: its full values "
-                 "where saved, else every captured reduction (l2, mean, min, max)")
-    hint = ("These layers stopped training (blind spots). Likely causes: their parameters are not in the "
-            "optimizer or are frozen by mistake, a learning rate of 0 (or a schedule that decayed to 0), "
-            "gradients that never reach them (detached graph, dead units). Try: check optimizer param groups and "
-            "requires_grad, the learning-rate schedule, and the gradients collection for these layers.")
-    source = "smdebug UnchangedTensor: num_steps 3, rtol 1e-5, atol 1e-8 (numpy.allclose defaults)."
+    condition = ("(a) a trainable kernel's or embedding table's values are allclose (rtol, atol; by default: "
+                 "equal) over its last `num_steps` samples: its full values where saved, else every captured "
+                 "reduction (l2, mean, min, max); not judged once the learning rate has decayed below 1/1000 of its "
+                 "largest value so far (the end of a schedule), an error where the learning rate has been 0 at "
+                 "every sample; (b) at the first step, from the model's structure: a frozen kernel (requires_grad "
+                 "False, trainable False, or held by no optimizer) with trained kernels before it, in a model that "
+                 "trains most of its kernel weights (fine-tuning freezes a first part, adapters leave most frozen)")
+    hint = ("These layers do not train. Likely causes: their parameters are frozen by mistake (requires_grad / "
+            "trainable False left over from a freezing loop) or missing from the optimizer (built before a layer "
+            "was added or unfrozen), a learning rate of 0 (a schedule bug), gradients that never reach them "
+            "(detached graph, dead units). Try: check requires_grad / trainable of the layers named, the "
+            "optimizer's param groups (rebuild it after changing them; recompile in Keras), the learning-rate "
+            "schedule, and the gradients collection for these layers.")
+    source = ("smdebug UnchangedTensor: num_steps 3, rtol 1e-5, atol 1e-8 (numpy.allclose defaults). Here equality "
+              "by default: a layer under a small learning rate changes by less than 1e-5 of itself per step and "
+              "still trains. The structural check (b) is tripwire's.")
+
+    def __post_init__(self):
+        self._structure_judged: set = set()  # workers
 
     @property
     def history(self):
         return self.num_steps
 
     def requires(self):
-        return [Requirement(c, ("l2", "mean", "min", "max")) for c in self.collections]
+        return [*(Requirement(c, ("l2", "mean", "min", "max")) for c in self.collections),
+                Requirement("optimizer", optional=True)]
 
     def check(self, run, step):
+        found = []
+        frozen = self._frozen_between_trained(run)
+        if frozen:
+            found.append(self.fire(step, f"{', '.join(frozen[:5])}{' …' if len(frozen) > 5 else ''} "
+                                         f"{'is' if len(frozen) == 1 else 'are'} frozen while kernels before and after "
+                                         "train.", finding="frozen", frozen=frozen))
+        unchanged = self._unchanged(run, step)
+        if unchanged:
+            found.append(unchanged)
+        return found or None
+
+    def _frozen_between_trained(self, run) -> list[str]:
+        """Frozen kernels with a trained kernel before and after them, where most kernel weights train; judged once
+        per worker, from the structure."""
+        model = run.model
+        if model is None or run.default_worker in self._structure_judged:
+            return []
+        self._structure_judged.add(run.default_worker)
+        kernels = [p for p in model.kernels(trainable=None) if p.tied_to is None]
+        trained = [i for i, p in enumerate(kernels) if p.trainable]
+        if not trained or 2 * sum(kernels[i].size for i in trained) < sum(p.size for p in kernels):
+            return []
+        return [p.path for p in kernels[trained[0] + 1:trained[-1]] if not p.trainable]
+
+    def _unchanged(self, run, step):
         pattern = re.compile(self.regex) if self.regex else None
         names = [n for n in run.tensor_names(step=step) if collection_of(n) in self.collections
                  and (pattern is None or pattern.search(n))]
-        unchanged = [n for n in names if self._unchanged(run.tensor(n), step)]
+        # a kernel left out of the optimizer is captured (it has a gradient) and judged: it is what (a) is for
+        names = list(of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False))
+        unchanged = [n for n in names if self._same(run.tensor(n), step)]
         if not unchanged:
             return None
+        rates = self._rates(run)
+        if rates and max(rates) > 0 and rates[-1] < 1e-3 * max(rates):
+            return None  # the schedule brought the learning rate down to about 0: the end of training
+        never = rates is not None and not any(rates)
         training = [n for n in names if n not in unchanged]
+        what = "the learning rate has been 0 at every sample so far" if never else \
+            f"{len(training)} other tensors changed"
         return self.fire(step, f"{len(unchanged)} of {len(names)} tensors did not change over their last "
-                               f"{self.num_steps} samples: {', '.join(unchanged[:5])}"
+                               f"{self.num_steps} samples ({what}): {', '.join(unchanged[:5])}"
                                + (" …" if len(unchanged) > 5 else "") + ".",
-                         unchanged=unchanged, still_training=training)
+                         severity="error" if never or not training else "warning",
+                         finding="lr0" if never else ",".join(unchanged), unchanged=unchanged,
+                         still_training=training)
 
-    def _unchanged(self, tensor, step) -> bool:
+    def _rates(self, run) -> list[float] | None:
+        """The first parameter group's learning rate at every sample the history holds, or None."""
+        if "optimizer/lr" not in run.tensor_names("optimizer"):
+            return None
+        return run.tensor("optimizer/lr").series()[1].tolist()
+
+    def _same(self, tensor, step) -> bool:
         saved = tensor.steps(tensors=True)[-self.num_steps:]
         if len(saved) == self.num_steps and saved[-1] == step:  # full values: compare them
             values = [tensor.value(s) for s in saved]

@@ -1,98 +1,135 @@
-"""Rules over weights and their updates."""
+"""Rules over weights and their updates, judged on kernels (dense, convolution, recurrent, attention weights)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..naming import is_bias, path_of
-from .base import Requirement, Rule, values_at
+from ..model import KERNEL_ROLES
+from .base import Requirement, Rule, learning_rates, of_roles, values_at
+
+
+def init_band(fan_in: int, fan_out: int | None) -> tuple[float, float]:
+    """The weight variances the standard initialisers give a kernel with these fans: from the smallest of Glorot
+    (2 / (fan_in + fan_out)) and torch's default (1 / (3 fan_in)) to He's 2 / fan_in (LeCun's 1 / fan_in lies
+    between)."""
+    glorot = 2.0 / (fan_in + (fan_out or fan_in))
+    return min(glorot, 1.0 / (3 * fan_in)), 2.0 / fan_in
 
 
 @dataclass
 class PoorWeightInitialization(Rule):
-    """An initialisation that keeps the network from training well, seen in its first steps."""
+    """Initial weights that keep the network from training: badly scaled for their layer, or all alike."""
 
     steps: int = 10
     threshold: float = 10.0
-    distribution_range: float = 0.001
 
     name = "poor_weight_initialization"
-    condition = ("in the first `steps` steps: (a) all weights of a layer are identical (std 0: constant or "
-                 "zero initialisation, so every unit computes the same), or (b) across layers, the largest "
-                 "weight variance scaled by the layer's fan-in (var × fan_in, which standard initialisations keep "
-                 "between about 1/3 and 2) is more than `threshold` times the smallest, or (c) some weight "
-                 "gradient's 5th-95th percentile span is below `distribution_range`; 1-D weights (normalisation "
-                 "layers) and embedding tables are left out")
+    condition = ("at the first sample of the first `steps` steps, for each trainable kernel: all its weights are "
+                 "equal (std 0: every unit computes the same; the output layer, which breaks the symmetry itself, "
+                 "is left out), or its variance is more than `threshold` times above He's 2/fan_in or below the "
+                 "smaller of Glorot's 2/(fan_in+fan_out) and torch's 1/(3 fan_in) divided by `threshold`, with the "
+                 "layer's own fans (a grouped or depthwise convolution counted per group). Kernels whose output is "
+                 "normalised next are free of scale and judged for equal weights only; biases, normalisation "
+                 "parameters and embedding tables are left out")
     hint = ("The initial weights are badly scaled or symmetric. Try: a random initialiser suited to the "
             "activation (He/Kaiming for ReLU, Glorot/Xavier for tanh/sigmoid) for every layer, no constant "
             "initialisation of weights (biases may be 0), and normalisation layers.")
-    source = ("smdebug PoorWeightInitialization: threshold 10 (variance ratio across layers; here scaled by "
-              "fan-in so that layers of different widths compare), distribution_range 0.001 (gradient P95-P5), "
-              "steps 10; its loss-convergence check is left to loss_not_decreasing.")
+    source = ("smdebug PoorWeightInitialization (threshold 10 on the variance ratio across layers, steps 10); here "
+              "each kernel is held to the band the standard initialisers (Glorot & Bengio 2010, He et al. 2015, "
+              "LeCun et al. 1998, torch's kaiming_uniform(a=sqrt(5))) give its own fans, which needs the model's "
+              "structure. smdebug's gradient-percentile check is left out: its fixed span fires on healthy "
+              "recurrent and attention kernels at initialisation.")
+
+    def __post_init__(self):
+        self._judged: set = set()  # workers already judged
 
     def requires(self):
-        first = tuple(range(self.steps))
-        return [Requirement("weights", ("std", "var", "fan_in"), steps=first),
-                Requirement("gradients", ("p5", "p95"), steps=first)]
+        return [Requirement("weights", ("std", "var"), steps=tuple(range(self.steps)))]
 
     def check(self, run, step):
-        if step >= self.steps:
+        model = run.model
+        if step >= self.steps or model is None or run.default_worker in self._judged:
             return None
-        fan_in = {n: v for n, v in values_at(run, step, "fan_in", ["weights"]).items() if v > 1}
-        identical = [n for n, v in values_at(run, step, "std", ["weights"]).items() if v == 0 and n in fan_in]
-        if identical:
-            return self.fire(step, f"all weights of {identical[0]} are identical: every unit of the layer computes "
-                                   "the same thing and gets the same update.", identical=identical)
-        scaled = {n: v * fan_in[n] for n, v in values_at(run, step, "var", ["weights"]).items()
-                  if n in fan_in and v > 0}
-        if len(scaled) >= 2 and max(scaled.values()) / min(scaled.values()) > self.threshold:
-            hi, lo = max(scaled, key=scaled.get), min(scaled, key=scaled.get)
-            return self.fire(step, f"weight scale differs {scaled[hi] / scaled[lo]:.0f}x across layers (var x "
-                                   f"fan_in: {hi} {scaled[hi]:.3g} vs {lo} {scaled[lo]:.3g}); limit "
-                                   f"{self.threshold:g}x.", scaled_variances=scaled)
-        p5, p95 = values_at(run, step, "p5", ["gradients"]), values_at(run, step, "p95", ["gradients"])
-        spans = {n: p95[n] - p5[n] for n in p5 if n in p95 and not is_bias(path_of(n))}
-        narrow = {n: v for n, v in spans.items() if v < self.distribution_range}
-        if narrow:
-            name = min(narrow, key=narrow.get)
-            return self.fire(step, f"the gradient of {name} spans only {narrow[name]:.3g} between its 5th and 95th "
-                                   f"percentiles; limit {self.distribution_range:g}.", spans=narrow)
-        return None
+        variances = of_roles(run, values_at(run, step, "var", ["weights"]), KERNEL_ROLES)
+        if not variances:
+            return None
+        self._judged.add(run.default_worker)
+        stds = values_at(run, step, "std", ["weights"])
+        last = model.kernels()[-1].path if model.kernels() else None
+        found = []
+        for name, var in variances.items():
+            p = model.of(name)
+            if p is None or p.fan_in is None:
+                continue
+            if stds.get(name) == 0 or var == 0:
+                if p.path == last:  # the output layer's units differ by their error: zero is a common start
+                    continue
+                found.append(self.fire(step, f"all weights of {name} are equal ({p.layer_class} {p.layer}): every "
+                                             "unit of the layer computes the same thing and gets the same update.",
+                                       finding=name, tensor=name))
+                continue
+            if p.scale_free:
+                continue
+            low, high = init_band(p.fan_in, p.fan_out)
+            if var > high * self.threshold or var < low / self.threshold:
+                side, bound = ("large", high) if var > high else ("small", low)
+                found.append(self.fire(
+                    step, f"{name} ({p.layer_class}, fan-in {p.fan_in}) starts with weight variance {var:.3g}, "
+                          f"{var / bound if side == 'large' else bound / var:.0f}x too {side} for its layer: standard "
+                          f"initialisations give {low:.3g} to {high:.3g}.", finding=name, tensor=name, variance=var,
+                    expected=[low, high]))
+        return found or None
 
 
 @dataclass
 class WeightUpdateRatio(Rule):
-    """Steps that change the weights too much (unstable) or hardly at all (not learning)."""
+    """Steps that change a kernel by far more than its size (unstable) or by nothing measurable (not learning)."""
 
     large_threshold: float = 10.0
     small_threshold: float = 1e-8
-    epsilon: float = 1e-9
+    patience: int = 2
 
     name = "weight_update_ratio"
-    condition = ("for a weight tensor, ‖update‖ / (‖weight‖ + epsilon) over one step is above `large_threshold` "
-                 "or below `small_threshold` (needs the `updates` collection: the step's change of each parameter)")
+    condition = ("for a trainable kernel, ‖update‖ / ‖weight‖ over one optimizer step (the `updates` collection) "
+                 "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
+                 "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
+                 "rate is 0 (the start of a warmup); a parameter no optimizer stepped has no update")
     hint = ("Too large: each step rewrites the weights (learning rate too high, exploding gradients): lower the "
             "learning rate, clip gradients, warm up. Too small: the weights barely move (learning rate too low "
-            "or decayed to 0, vanishing gradients, frozen layers): raise the learning rate, check the schedule "
-            "and the optimizer's parameter groups. A healthy ratio is around 1e-3.")
-    source = "smdebug WeightUpdateRatio: large_threshold 10, small_threshold 1e-8, epsilon 1e-9."
+            "or decayed to 0, vanishing gradients): raise the learning rate, check the schedule. A healthy ratio "
+            "is around 1e-3.")
+    source = ("smdebug WeightUpdateRatio: large_threshold 10, small_threshold 1e-8; here on kernels only, over "
+              "`patience` samples, and undefined where the weight norm or the learning rate is 0.")
 
     def requires(self):
-        return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",))]
+        return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",)), Requirement("optimizer", optional=True)]
 
     def check(self, run, step):
-        updates = values_at(run, step, "l2", ["updates"])
-        weights = values_at(run, step, "l2", ["weights"])
-        ratios = {}
-        for name, update in updates.items():
-            weight = weights.get("weights/" + path_of(name))
-            if weight is not None:
-                ratios[name] = update / (weight + self.epsilon)
-        out = {n: r for n, r in ratios.items() if r > self.large_threshold or r < self.small_threshold}
-        if not out:
+        rates = learning_rates(run, step)
+        if rates is not None and not any(rates):
             return None
-        name = next(iter(out))
-        side = "large" if out[name] > self.large_threshold else "small"
-        return self.fire(step, f"{name}: ‖update‖/‖weight‖ = {out[name]:.3g}, too {side} (allowed "
-                               f"{self.small_threshold:g} to {self.large_threshold:g})"
-                         + (f"; {len(out) - 1} more tensors too." if len(out) > 1 else "."), ratios=out)
+        updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
+        found = []
+        for name in updates:
+            weight = "weights/" + name.split("/", 1)[1]
+            ratios = self._ratios(run, name, weight)
+            if len(ratios) < self.patience or ratios[-1][0] != step:
+                continue
+            last = [r for _, r in ratios[-self.patience:]]
+            for side, beyond in (("large", all(r > self.large_threshold for r in last)),
+                                 ("small", all(r < self.small_threshold for r in last))):
+                if beyond:
+                    found.append(self.fire(step, f"{name}: ‖update‖/‖weight‖ = {last[-1]:.3g}, too {side} (allowed "
+                                                 f"{self.small_threshold:g} to {self.large_threshold:g}) at "
+                                                 f"{self.patience} samples in a row.", finding=f"{name}:{side}",
+                                           tensor=name, ratios=last))
+        return found or None
+
+    def _ratios(self, run, update: str, weight: str) -> list[tuple[int, float]]:
+        """(step, ‖update‖/‖weight‖) at the newest samples holding both, where the weight is not 0."""
+        if weight not in run.tensor_names("weights"):
+            return []
+        u_steps, u = run.tensor(update).tail("l2", self.patience)
+        w_steps, w = run.tensor(weight).tail("l2", self.patience)
+        by_step = dict(zip(w_steps, w))
+        return [(s, v / by_step[s]) for s, v in zip(u_steps, u) if by_step.get(s)]

@@ -1,0 +1,166 @@
+"""Verdicts users can trust: what a rule judges is what its condition is about, on real Lightning and plain-torch
+training. Each test is one of the false alarms or wrong captures tried on ordinary models; the zoo (test_zoo.py)
+holds the whole architectures."""
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+import tripwire
+from tripwire.core.history import History
+from tripwire.core.rules.base import Rule
+from tripwire.core.rules.engine import MAX_FINDINGS, RuleEngine
+from tripwire.plugins.lightning import TripwireCallback
+from tripwire.plugins.torch import TripwireProbe
+
+
+def bn_module():
+    """The model of the report: Linear(64,64) -> BatchNorm1d -> ReLU -> Linear(64,10), Adam 1e-3."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 10))
+    return helpers.classifier(net, lr=1e-3, optimizer="adam")
+
+
+def test_a_batchnorm_model_trains_to_the_end_under_the_default_config(tmp_path):
+    """Its 1-D BatchNorm weights have no fan-in: that was stored as NaN and read as NaN in the weights at step 1."""
+    callback = TripwireCallback(None, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, bn_module(), max_epochs=3)
+    run = tripwire.open_run(callback.run_url)
+    assert trainer.global_step == 3 * 43 and run.info["status"] == "finished"
+    assert [v for v in run.verdicts() if v.counts] == []
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    for mode in run.modes():  # a reduction that does not apply is absent: nothing stored is NaN
+        for name in run.tensor_names(mode=mode):
+            for reduction in run.tensor(name).reductions(mode=mode):
+                assert np.isfinite(run.tensor(name).series(reduction, mode=mode)[1]).all(), (name, reduction)
+    scale, shift = run.model.parameters["net.1.weight"], run.model.parameters["net.1.bias"]
+    assert (scale.role, shift.role, run.model.parameters["net.0.weight"].followed_by) == \
+        ("norm_scale", "norm_shift", "norm")
+    assert "weights/net.1.bias" not in run.tensor_names()  # a normalisation shift is filed under biases/
+
+
+def test_a_run_compared_with_itself_is_equivalent(tmp_path):
+    """ReLU layers have no saturation (once stored as NaN, which never equals itself)."""
+    config = {"sampling": {"every": 5}, "collections": {"activations": {}, "weights": {}, "gradients": {}},
+              "rules": ["saturated_activation"]}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(), max_epochs=1)
+    assert "saturated_fraction" not in tripwire.open_run(callback.run_url).tensor("activations/net.1").reductions()
+    assert tripwire.compare(callback.run_url, callback.run_url).equivalent
+
+
+def test_gradient_accumulation_records_the_step_the_optimizer_took(tmp_path):
+    """accumulate_grad_batches=4: a sampled step is the micro-batch that ends in optimizer.step(), its update is the
+    step's, and its loss is the mean of its micro-batches' losses, not divided by 4."""
+    config = {"sampling": {"every": 5}, "rules": [],
+              "collections": {"losses": {}, "updates": {"reductions": ["l2"]}, "weights": {"reductions": ["l2"]}}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    seen = []  # (global step, loss) of every micro-batch
+
+    class Noted(type(helpers.mlp_module())):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            seen.append((self.trainer.global_step, float(loss.detach())))
+            return loss
+
+    torch.manual_seed(0)
+    trainer = helpers.fit(callback, Noted(), max_epochs=1, accumulate_grad_batches=4)
+    run = tripwire.open_run(callback.run_url)
+    steps, losses = run.tensor("losses/train").series()
+    assert steps.tolist() == list(range(0, trainer.global_step, 5)) and len(steps) >= 2
+    for step, loss in zip(steps, losses):
+        micro = [value for global_step, value in seen if global_step == step]  # 4, or what the epoch had left
+        assert len(micro) in (3, 4) and loss == pytest.approx(float(np.mean(micro)), rel=1e-5)
+    assert (run.tensor("updates/net.0.weight").series("l2")[1] > 0).all()  # the optimizer's step, never a 0
+
+
+def test_the_probe_leaves_token_ids_out_of_the_inputs_and_takes_a_loss_per_sample(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Flatten(), torch.nn.Linear(8 * 6, 32))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, 32, (64, 7))
+    config = {"sampling": {"every": 2}, "rules": ["input_not_normalized", "exploding_tensor"],
+              "collections": {"losses": {}}}
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for _ in range(20):
+            optimizer.zero_grad()
+            losses = torch.nn.functional.cross_entropy(model(tokens[:, :6]), tokens[:, 6], reduction="none")
+            losses.mean().backward()
+            optimizer.step()
+            probe.step(losses)  # one loss per sample: the step's loss is their mean
+    run = tripwire.open_run(probe.run_url)
+    assert "inputs/x" not in run.tensor_names() and [v for v in run.verdicts() if v.fired] == []
+    stored = run.tensor("losses/train").series()[1]
+    assert stored[-1] < stored[0] and len(stored) == 10
+
+
+def test_a_frozen_layer_is_in_the_structure_and_a_hole_among_trained_ones_is_reported(tmp_path):
+    module = helpers.mlp_module(hidden=(32, 32))
+    module.net[2].requires_grad_(False)  # the middle layer, left frozen by a freezing loop
+    callback = TripwireCallback({"rules": ["unchanged_tensor"]}, out_dir=tmp_path / "run")
+    helpers.fit(callback, module, max_epochs=1)
+    run = tripwire.open_run(callback.run_url)
+    frozen = run.model.parameters["net.2.weight"]
+    assert frozen.trainable is False and run.model.parameters["net.0.weight"].trainable
+    assert "weights/net.2.weight" not in run.tensor_names()  # frozen tensors cost nothing to capture
+    (verdict,) = [v for v in run.verdicts() if v.fired]
+    assert verdict.step == 0 and verdict.evidence["frozen"] == ["net.2.weight"] and verdict.severity == "warning"
+
+    fine_tuned = helpers.mlp_module(hidden=(32, 32))
+    fine_tuned.net[0].requires_grad_(False)  # a frozen first part: fine-tuning, not a mistake
+    callback = TripwireCallback({"rules": ["unchanged_tensor"]}, out_dir=tmp_path / "fine-tuned")
+    helpers.fit(callback, fine_tuned, max_epochs=1)
+    assert tripwire.open_run(callback.run_url).verdicts() == []
+
+
+class Growing(Rule):
+    """A test rule: the loss above 1 is one finding, above 2 another (a worse state); an error above 3."""
+
+    name = "growing"
+
+    def check(self, run, step):
+        loss = run.tensor("losses/train").reduction(step)
+        found = [self.fire(step, f"loss above {level}", finding=f"above {level}") for level in (1, 2) if loss > level]
+        if loss > 3:
+            found.append(self.fire(step, "loss above 3", severity="error", finding="above 2"))
+        return found or None
+
+
+def test_a_verdict_does_not_silence_its_rule_and_repeats_stay_bounded():
+    from tripwire.core.config import RuleSpec
+
+    engine = RuleEngine([RuleSpec(rule="test_verdicts:Growing", id="growing", params={}, actions=())])
+    history = History(8)
+    out = []
+    for step, loss in enumerate([0.5, 1.5, 1.6, 2.5, 2.4, 3.5, 3.6, 0.4]):
+        history.add(0, "train", step, {"losses/train": {"value": loss}})
+        out += engine.evaluate(history, step, "train", 0)
+    assert [(v.step, v.finding, v.severity) for v in out] == \
+        [(1, "above 1", "warning"), (3, "above 2", "warning"), (5, "above 2", "error")]
+    assert MAX_FINDINGS == 20
+
+
+@pytest.mark.parametrize("batches, fires", [
+    (lambda rng: rng.random((32, 1, 8, 8)), False),  # images scaled to [0, 1]
+    (lambda rng: rng.random((32, 1, 8, 8)) * 2 - 1.39, False),  # Normalize(0.5, 0.5)-style, mean -0.39
+    (lambda rng: np.eye(10)[rng.integers(0, 10, 32)], False),  # one-hot features
+    (lambda rng: rng.normal(size=(4, 20)) * 3, False),  # a small batch of standardised data, spread 3
+    (lambda rng: rng.normal(size=(32, 64)) * 255, True),  # standardised data x255
+    (lambda rng: rng.random((32, 1, 8, 8)) * 255, True),  # raw 8-bit pixels
+])
+def test_input_not_normalized_accepts_bounded_data_and_judges_several_batches(batches, fires):
+    from tripwire.core.reductions import reduce
+    from tripwire.core.rules.inputs import STATISTICS, InputNotNormalized
+
+    rng, history, rule = np.random.default_rng(0), History(8), InputNotNormalized()
+    for step in range(3):
+        history.add(0, "train", step, {"inputs/x": reduce(batches(rng).astype(np.float32), STATISTICS)})
+        verdict = rule.check(history.at(step, "train", 0), step)
+        assert verdict is None if step < 2 else bool(verdict) == fires  # judged over 3 batches
+
+
+def test_a_config_of_a_clock_rule_alone_is_valid():
+    config = tripwire.load_config({"rules": ["stalled_training"]})
+    assert [r.rule for r in config.rules] == ["stalled_training"] and not config.plan().collections
