@@ -6,7 +6,7 @@ PIP    := $(BIN)/pip install -q --disable-pip-version-check
 # The CPU build of PyTorch, installed first so that nothing pulls a CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench zoo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(BIN)/python -m benchmarks.run
+
+# Every zoo case in its longer run, Keras on TensorFlow, torch and JAX: the table goes to benchmarks/results/zoo.md,
+# each rule's record to zoo.json and from there into docs/rules.md.
+zoo: $(VENV)/.test
+	$(BIN)/python -m benchmarks.zoo.run
+	$(BIN)/python -m tripwire.core.rulesdoc --zoo benchmarks/results/zoo.json > docs/rules.md
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

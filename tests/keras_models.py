@@ -7,19 +7,9 @@ import numpy as np
 
 import helpers
 import tripwire
+from benchmarks.zoo.keras_cases import limit_threads
 
-if keras.backend.backend() == "torch":  # one thread: the test machines have few cores, shared
-    import torch
-
-    torch.set_num_threads(1)
-elif keras.backend.backend() == "tensorflow":
-    import tensorflow as tf
-
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-    except RuntimeError:  # TensorFlow already started in this process
-        pass
+limit_threads()  # one thread: the test machines have few cores, shared
 
 
 def mlp(hidden=(32,), activation="relu", lr=0.1, optimizer="sgd", first_bias=None):

@@ -22,13 +22,7 @@ def _standardise(train, val):
 
 def digits(standardise: bool = True):
     """sklearn's 8x8 digits as 64 features: 1347 training and 450 validation samples, 10 classes (int64)."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    (xt, yt), (xv, yv) = _split(x.astype(np.float32), y.astype(np.int64))
-    if standardise:
-        xt, xv = _standardise(xt, xv)
-    return (xt, yt), (xv, yv)
+    return _classes("load_digits", standardise)
 
 
 def digit_images(size: int = 8, channels_last: bool = False):
@@ -48,26 +42,25 @@ def digit_images(size: int = 8, channels_last: bool = False):
     return (np.expand_dims(xt, axis), yt), (np.expand_dims(xv, axis), yv)
 
 
-def breast_cancer(standardise: bool = True):
-    """sklearn's breast cancer: 30 features, binary labels (int64)."""
-    from sklearn.datasets import load_breast_cancer
+def _classes(loader: str, standardise: bool):
+    """One of sklearn's packaged classification sets, split, its features standardised over the training set."""
+    import sklearn.datasets
 
-    x, y = load_breast_cancer(return_X_y=True)
+    x, y = getattr(sklearn.datasets, loader)(return_X_y=True)
     (xt, yt), (xv, yv) = _split(x.astype(np.float32), y.astype(np.int64))
     if standardise:
         xt, xv = _standardise(xt, xv)
     return (xt, yt), (xv, yv)
+
+
+def breast_cancer(standardise: bool = True):
+    """sklearn's breast cancer: 30 features, binary labels (int64)."""
+    return _classes("load_breast_cancer", standardise)
 
 
 def wine(standardise: bool = True):
     """sklearn's wine: 13 features, 3 classes (int64)."""
-    from sklearn.datasets import load_wine
-
-    x, y = load_wine(return_X_y=True)
-    (xt, yt), (xv, yv) = _split(x.astype(np.float32), y.astype(np.int64))
-    if standardise:
-        xt, xv = _standardise(xt, xv)
-    return (xt, yt), (xv, yv)
+    return _classes("load_wine", standardise)
 
 
 def diabetes(standardise: bool = True):
