@@ -78,9 +78,9 @@ def test_deep_trees_on_a_small_dataset_fire_overfit_and_tree_depth(tmp_path):
     assert {"overfit", "tree_depth", "loss_not_decreasing"} <= set(verdicts)
     assert verdicts["tree_depth"].step == 0 and "depth 12" in verdicts["tree_depth"].message
     assert verdicts["tree_depth"].severity == "info"  # deep trees are a choice; overfit judges their effect
-    # the validation loss bottoms out at round 1 (0.605) and is 20% above it from round 5: three in a row at 7
+    # the validation loss bottoms out at round 1 (0.605) and is 10% above it from round 4: three in a row at 6
     overfit = verdicts["overfit"]
-    assert (overfit.step, overfit.mode, overfit.severity) == (7, "eval", "warning")
+    assert (overfit.step, overfit.mode, overfit.severity) == (6, "eval", "warning")
     assert "from its best 0.6051 at step 1" in overfit.message
     rising = verdicts["loss_not_decreasing"]  # three windows of 5 rounds: the validation loss rose
     assert (rising.step, rising.severity, rising.finding) == (14, "warning", "rising")
@@ -161,12 +161,12 @@ def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):
                                                                                   {"stop": "warning"}]}]}
     booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "stop")
     step = fired(cb.run_url)["overfit"].step
-    assert step == 7 and booster.num_boosted_rounds() == step + 1
+    assert step == 6 and booster.num_boosted_rounds() == step + 1
     run = tripwire.open_run(cb.run_url)
-    assert run.info["status"] == "stopped" and run.steps() == list(range(8))
+    assert run.info["status"] == "stopped" and run.steps() == list(range(7))
     saved = xgb.Booster(model_file=str(tmp_path / "stop" / "checkpoints" / f"step{step}.ubj"))
     data = xgb.DMatrix(x[300:])
-    assert saved.num_boosted_rounds() == 8 and np.array_equal(saved.predict(data), booster.predict(data))
+    assert saved.num_boosted_rounds() == 7 and np.array_equal(saved.predict(data), booster.predict(data))
 
 
 def test_stop_acts_on_errors_only_unless_the_config_lowers_it(tmp_path):
@@ -176,7 +176,7 @@ def test_stop_acts_on_errors_only_unless_the_config_lowers_it(tmp_path):
     booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=tmp_path / "go-on")
     assert fired(cb.run_url)["overfit"].severity == "warning" and booster.num_boosted_rounds() == 30
     assert tripwire.open_run(cb.run_url).info["status"] == "finished"
-    assert (tmp_path / "go-on" / "checkpoints" / "step7.ubj").exists()
+    assert (tmp_path / "go-on" / "checkpoints" / "step6.ubj").exists()
 
 
 @pytest.mark.parametrize("fmt", ["json", "ubj"])
@@ -192,10 +192,10 @@ def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
     booster, cb, _ = train(x, y, DEEP, 30, 300, config=config, out_dir=url, checkpoint_format=fmt)
     fs = fsspec.filesystem("memory")
     try:
-        assert cb.run_url == url and booster.num_boosted_rounds() == 8
+        assert cb.run_url == url and booster.num_boosted_rounds() == 7
         names = [p.rsplit("/", 1)[1] for p in fs.ls(f"{url}/checkpoints", detail=False)]
-        assert names == [f"step7.{fmt}"]
-        with fsspec.open(f"{url}/checkpoints/step7.{fmt}", "rb") as f:
+        assert names == [f"step6.{fmt}"]
+        with fsspec.open(f"{url}/checkpoints/step6.{fmt}", "rb") as f:
             raw = f.read()
         if fmt == "json":
             assert json.loads(raw)["learner"]["gradient_booster"]["name"] == "gbtree"
@@ -206,7 +206,7 @@ def test_checkpoint_writes_the_chosen_format_into_a_memory_run(fmt):
         saved = xgb.Booster()
         saved.load_model(bytearray(raw))
         data = xgb.DMatrix(x[300:])
-        assert saved.num_boosted_rounds() == 8 and np.array_equal(saved.predict(data), booster.predict(data))
+        assert saved.num_boosted_rounds() == 7 and np.array_equal(saved.predict(data), booster.predict(data))
         assert tripwire.open_run(url).info["status"] == "stopped"
     finally:
         fs.rm(url, recursive=True)
@@ -318,11 +318,11 @@ def test_dask_two_workers_record_and_stop_together(tmp_path, dask_client, worker
 
     run = tripwire.open_run(cb.run_url)
     verdicts = [v for v in run.verdicts() if v.fired]
-    assert {v.step for v in verdicts} == {7} and out["booster"].num_boosted_rounds() == 8  # both workers stopped
+    assert {v.step for v in verdicts} == {6} and out["booster"].num_boosted_rounds() == 7  # both workers stopped
     assert run.workers() == ([0] if workers == "zero" else [0, 1]) == sorted(v.worker for v in verdicts)
     assert run.info["world_size"] == 2 and run.info["status"] == "stopped"
-    assert run.steps() == list(range(8)) and np.array_equal(run.tensor("labels").value(7), y[300:])
-    assert (tmp_path / "dask" / "checkpoints" / "step7.ubj").exists()
+    assert run.steps() == list(range(7)) and np.array_equal(run.tensor("labels").value(6), y[300:])
+    assert (tmp_path / "dask" / "checkpoints" / "step6.ubj").exists()
 
 
 @pytest.mark.timeout(180)

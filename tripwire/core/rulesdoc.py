@@ -145,11 +145,12 @@ def zoo_record(rule: str, zoo: dict | None) -> str:
     text = (f"False alarms: {len(alarms)} of {entry['healthy_runs']} healthy runs" +
             (f" ({', '.join(alarms)})" if alarms else "") + ".")
     if entry["named"]:
-        missed = [c for c in entry["named"] if c not in entry["caught"]]
-        text += (f" Caught {len(entry['caught'])} of the {len(entry['named'])} faults it names" +
-                 (f" (missed: {', '.join(missed)})" if missed else "") + ".")
+        others = len(entry["named"]) - len(entry["fired"]) - len(entry["missed"])
+        text += (f" Fired on {len(entry['fired'])} of the {len(entry['named'])} faults it is named for" +
+                 (f"; {others} of the others were caught by another rule named for them" if others else "") +
+                 (f"; missed by every rule: {', '.join(entry['missed'])}" if entry["missed"] else "") + ".")
     if entry["also_fired_on"]:
-        text += f" Also fired on faults other rules name: {', '.join(entry['also_fired_on'])}."
+        text += f" Also fired on faults other rules are named for: {', '.join(entry['also_fired_on'])}."
     return text
 
 

@@ -21,11 +21,14 @@ class VanishingGradient(Rule):
     threshold: float = 1e-7
     ratio: float = 1e-3
     patience: int = 3
+    learned: float = 0.5  # not judged once the training loss is below this share of its first value
 
     name = "vanishing_gradient"
     condition = ("a trainable kernel's mean absolute gradient (abs_mean) is below `threshold` and below `ratio` "
-                 "times the largest kernel's at each of its last `patience` samples (the whole network's gradients "
-                 "shrink together as training converges; a vanishing one shrinks against the others)")
+                 "times the largest kernel's at each of its last `patience` samples, while the training loss is "
+                 "still above `learned` times its first value (gradients that vanish before the network learns; "
+                 "once it has, small gradients are convergence, and the gradients of a layer whose job is done, "
+                 "such as the queries of a settled attention, shrink far below the rest)")
     hint = ("Gradients vanish before reaching the early layers. Likely causes: saturating activations (sigmoid, "
             "tanh) in a deep stack, poor initialisation, a learning rate so small that nothing moves. Try: ReLU, "
             "GELU or SELU instead of sigmoid/tanh; batch or layer normalisation; residual connections; He "
@@ -33,10 +36,15 @@ class VanishingGradient(Rule):
     source = ("smdebug VanishingGradient: mean(|gradient|) < threshold, default 1e-7 (DeepDiagnosis uses the same); "
               "here on kernels, against the largest kernel gradient, over `patience` samples.")
 
+    def __post_init__(self):
+        self._first_loss: dict = {}  # worker -> the first training loss seen
+
     def requires(self):
-        return [Requirement("gradients", ("abs_mean",))]
+        return [Requirement("gradients", ("abs_mean",)), Requirement("losses", optional=True)]
 
     def check(self, run, step):
+        if _learned(run, step, self._first_loss, self.learned):
+            return None
         means = of_roles(run, values_at(run, step, "abs_mean", ["gradients"]), KERNEL_ROLES)
         if len(means) < 2:
             return None
@@ -91,6 +99,19 @@ class ExplodingGradient(Rule):
                                              f"{self.ratio_threshold:g}x.", finding="ratio", ratio=a / b,
                                        first=first, last=last))
         return found or None
+
+
+def _learned(run, step: int, first: dict, share: float) -> bool:
+    """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker);
+    False where the run holds no training loss."""
+    if "losses/train" not in run.tensor_names("losses"):
+        return False
+    steps, values = run.tensor("losses/train").tail(None, 1)
+    if not steps or steps[-1] > step:
+        return False
+    loss = values[-1]
+    initial = first.setdefault(run.default_worker, loss)
+    return abs(loss) < share * abs(initial)
 
 
 def _by_layer(run, values: dict) -> dict[str, list]:

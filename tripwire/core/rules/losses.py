@@ -7,6 +7,7 @@ Which series they read, and in which mode, are parameters: the defaults read
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,10 +32,12 @@ class LossNotDecreasing(Rule):
     name = "loss_not_decreasing"
     condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
                  "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
-                 "is noisy; its spread is taken from the changes between neighbouring samples): the newest window is not below the first window of the run, three or more windows "
-                 "in (error: nothing learns), or above it (warning: the loss rises); or it is not below the window "
-                 "before it while it is below the first (info: it levelled off, training has converged). Not "
-                 "judged while the learning rate is still rising (a warmup)")
+                 "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
+                 "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
+                 "training begin), three or more windows in (error: nothing learns), or above it (warning: the "
+                 "loss rises); or it is not below the window before it while it is below the first (info: it "
+                 "levelled off, training has converged). Not judged while the learning rate is still rising (a "
+                 "warmup)")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -66,22 +69,25 @@ class LossNotDecreasing(Rule):
             first = self._first.setdefault(key, [])
             self._count[key] = self._count.get(key, 0) + 1
             if len(first) < self.window:
-                first.append(float(values[-1]))
+                first.append((int(steps[-1]), float(values[-1])))
                 continue
             if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
-            verdict = self._judge(step, name, np.asarray(first), values[-2 * self.window:-self.window],
-                                  values[-self.window:], self._count[key])
+            verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
+                                  self._count[key])
             if verdict is not None:
                 found.append(verdict)
         return found or None
 
     def _judge(self, step, name, first, before, now, samples):
+        """first: (step, value) of the rule's first `window` samples of the series."""
+        from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
+        first = np.asarray([value for _, value in first])
         sigma = _noise(np.concatenate([before, now]))
         below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
         never_down = not below(now, first)
-        if never_down and samples >= 3 * self.window:
+        if never_down and from_start and samples >= 3 * self.window:
             rising = below(first, now)
             return self.fire(step, f"{name} {'rose' if rising else 'has not gone down'} since training began: "
                                    f"{now.mean():.4g} over its last {self.window} samples against {first.mean():.4g} "
@@ -121,7 +127,8 @@ class Overfit(Rule):
     """
 
     patience: int = 3
-    min_delta: float = 0.2
+    min_delta: float = 0.1
+    give_back: float = 0.25
     start_step: int = 0
     val_tensor: str = "metrics/val_loss"
     train_tensor: str = "losses/train"
@@ -131,9 +138,12 @@ class Overfit(Rule):
     name = "overfit"
     modes = ("eval",)
     condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its "
-                 "best before them by more than `min_delta` of that best and more than its own noise (the median "
-                 "change from one evaluation to the next), while the training loss (`train_tensor`, mean since the "
-                 "evaluation before) is no higher than at the best evaluation")
+                 "best before them by more than `min_delta` of that best, more than its own noise (the median change "
+                 "from one evaluation to the next) and more than `give_back` of what it had come down from its first "
+                 "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
+                 "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
+                 "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
+                 "the best evaluation")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -145,6 +155,7 @@ class Overfit(Rule):
     def __post_init__(self):
         self.modes = (_mode(self.val_mode),)
         _mode(self.train_mode)
+        self._seen: dict = {}  # worker -> _Evaluations: the memory in the training process holds only the last few
 
     @property
     def history(self):
@@ -158,26 +169,53 @@ class Overfit(Rule):
         if step < self.start_step or self.val_tensor not in run.tensor_names(mode=self.val_mode):
             return None
         steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
-        keep = steps >= self.start_step
-        steps, val = steps[keep], val[keep]
-        if len(val) < self.patience + 2 or steps[-1] != step or not np.all(np.isfinite(val)):
-            return None
-        history, recent = val[:-self.patience], val[-self.patience:]
-        best = int(np.argmin(history))
-        noise = float(np.median(np.abs(np.diff(val))))
-        margin = max(self.min_delta * abs(history[best]), noise)
-        if not np.all(recent > history[best] + margin):
+        if not len(steps) or steps[-1] != step or not np.isfinite(val[-1]):
             return None
         found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
-        if found is not None:
-            eval_steps, _, train = found
-            at_best, now = train[eval_steps == steps[best]], train[-1]
-            if len(at_best) and np.isfinite(at_best[0]) and np.isfinite(now) and now > at_best[0]:
-                return None  # both rise: not overfitting (the loss rules see a training that diverges)
-        return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {history[best]:.4g} at "
-                               f"step {int(steps[best])}, for {self.patience} evaluations in a row, while the "
-                               "training loss did not.", tensor=self.val_tensor, best=float(history[best]),
-                         best_step=int(steps[best]), now=float(recent[-1]))
+        seen = self._seen.setdefault(run.default_worker, _Evaluations(self.patience))
+        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan)
+        if not seen.full:
+            return None
+        recent = [value for _, value, _ in seen.recent]
+        best, best_step, train_at_best = seen.best
+        noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
+        margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
+        if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
+            return None  # not above its best throughout, or coming back down (a bump from a noisy step)
+        train_now = seen.recent[-1][2]
+        if math.isfinite(train_at_best) and math.isfinite(train_now) and train_now > train_at_best:
+            return None  # both rise: not overfitting (the loss rules see a training that diverges)
+        return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
+                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
+                               "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
+
+
+class _Evaluations:
+    """What overfit keeps of one worker's evaluations: the first value, the best before the newest `patience`
+    (with its step and the training loss then), the value just before them, and the newest `patience`."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.first: float | None = None
+        self.best = (math.inf, -1, math.nan)  # (value, step, training loss)
+        self.before = math.nan
+        self.recent: list = []  # (step, value, training loss), oldest first
+        self.earlier = 0  # evaluations before the newest `patience`
+
+    def add(self, step: int, value: float, train: float) -> None:
+        if self.first is None:
+            self.first = value
+        self.recent.append((step, value, train))
+        if len(self.recent) > self.patience:
+            old_step, old, old_train = self.recent.pop(0)
+            self.before, self.earlier = old, self.earlier + 1
+            if old < self.best[0]:
+                self.best = (old, old_step, old_train)
+
+    @property
+    def full(self) -> bool:
+        """At least `patience` + 2 evaluations: a best before the newest and the one just before them."""
+        return len(self.recent) == self.patience and self.earlier >= 2
 
 
 def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",

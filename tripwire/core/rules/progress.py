@@ -25,8 +25,10 @@ class OscillatingLoss(Rule):
     modes = ("train", "eval")
     condition = ("over the samples of a tensor matching `tensor_regex` in `mode` (at least `min_samples`), pair "
                  "the k-th local maximum with the k-th local minimum; the rule fires when the pairs whose "
-                 "difference is at least `amplitude` times the series' median (a swing relative to its level, so "
-                 "the noise of a small validation set does not count) number at least `rate` × the samples")
+                 "difference is at least `amplitude` times the series' scale number at least `rate` × the samples. "
+                 "The scale is the larger of its median and how far it came down from its first value: a swing "
+                 "relative to its level, so neither the noise of a small validation set nor that of a loss near 0 "
+                 "after a long descent counts")
     hint = ("The loss oscillates instead of converging. Likely causes: a learning rate too high, a batch size "
             "too small, momentum too high, an unsuitable output activation or loss. Try: lower the learning rate "
             "(or decay it), increase the batch size, reduce momentum, check that the last layer and the loss "
@@ -54,10 +56,10 @@ class OscillatingLoss(Rule):
                 continue
             if not np.all(np.isfinite(values)):
                 continue
-            pairs = _swings(values)
-            large = int(np.sum(pairs >= self.amplitude * float(np.median(np.abs(values)))))
+            scale = max(float(np.median(np.abs(values))), float(values[0] - values.min()))
+            large = int(np.sum(_swings(values) >= self.amplitude * scale))
             if large >= self.rate * len(values):
-                return self.fire(step, f"{name} swung by at least {self.amplitude:.0%} of its level {large} times "
+                return self.fire(step, f"{name} swung by at least {self.amplitude:.0%} of its scale {large} times "
                                        f"over its last {len(values)} samples (limit {self.rate:.0%} of them).",
                                  finding=name, tensor=name, swings=large, samples=len(values))
         return None

@@ -11,6 +11,7 @@ import numpy as np
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
 from .base import Requirement, Rule, of_roles, reductions_at, values_at
+from .weights import init_band
 
 
 @dataclass
@@ -125,14 +126,15 @@ class TensorVariance(Rule):
     regex: str = ""
 
     name = "tensor_variance"
-    condition = ("a trainable kernel's variance (reduction var) is above `max_threshold` or below `min_threshold`; "
-                 "kernels whose output is normalised next (their scale does not matter), biases, normalisation "
-                 "parameters and embedding tables are left out")
+    condition = ("a trainable kernel's variance (reduction var) is above `max_threshold` or below `min_threshold` "
+                 "(or below a tenth of what the standard initialisations give its fans, where that is lower: a "
+                 "layer with a fan-in of hundreds of thousands starts there); kernels whose output is normalised "
+                 "next (their scale does not matter), biases, normalisation parameters and embedding tables are "
+                 "left out")
     hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
             "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
             "constant initialisation) so the layer cannot tell inputs apart. Try: He/Glorot initialisation, a "
-            "lower learning rate, weight decay tuned; note that very wide layers (fan-in > 30,000) have a small "
-            "variance by design.")
+            "lower learning rate, weight decay tuned.")
     source = ("smdebug TensorVariance (no default thresholds); max 10 and min 1e-5 from the AWS documentation's "
               "example, also used by DeepDiagnosis (Wardat et al., ICSE 2022); here on kernels that are not followed "
               "by a normalisation.")
@@ -148,9 +150,12 @@ class TensorVariance(Rule):
             parameter = model.of(name) if model is not None else None
             if parameter is not None and parameter.scale_free:
                 continue
-            if var > self.max_threshold or var < self.min_threshold:
+            low = self.min_threshold
+            if parameter is not None and parameter.fan_in:  # a wide layer starts below it by design
+                low = min(low, init_band(parameter.fan_in, parameter.fan_out)[0] / 10)
+            if var > self.max_threshold or var < low:
                 side = "above" if var > self.max_threshold else "below"
-                bound = self.max_threshold if side == "above" else self.min_threshold
+                bound = self.max_threshold if side == "above" else low
                 found.append(self.fire(step, f"{name} has variance {var:.3g}, {side} {bound:g}.",
                                        finding=f"{name}:{side}", tensor=name, variance=var))
         return found or None
@@ -186,6 +191,7 @@ class UnchangedTensor(Rule):
 
     def __post_init__(self):
         self._structure_judged: set = set()  # workers
+        self._top_rate: dict = {}  # worker -> the largest learning rate seen (memory holds only the last samples)
 
     @property
     def history(self):
@@ -226,13 +232,14 @@ class UnchangedTensor(Rule):
                  and (pattern is None or pattern.search(n))]
         # a kernel left out of the optimizer is captured (it has a gradient) and judged: it is what (a) is for
         names = list(of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False))
+        rate = self._rate(run, step)
         unchanged = [n for n in names if self._same(run.tensor(n), step)]
         if not unchanged:
             return None
-        rates = self._rates(run)
-        if rates and max(rates) > 0 and rates[-1] < 1e-3 * max(rates):
+        top = self._top_rate.get(run.default_worker)
+        if rate is not None and top and rate < 1e-3 * top:
             return None  # the schedule brought the learning rate down to about 0: the end of training
-        never = rates is not None and not any(rates)
+        never = rate is not None and not top
         training = [n for n in names if n not in unchanged]
         what = "the learning rate has been 0 at every sample so far" if never else \
             f"{len(training)} other tensors changed"
@@ -243,11 +250,17 @@ class UnchangedTensor(Rule):
                          finding="lr0" if never else ",".join(unchanged), unchanged=unchanged,
                          still_training=training)
 
-    def _rates(self, run) -> list[float] | None:
-        """The first parameter group's learning rate at every sample the history holds, or None."""
+    def _rate(self, run, step: int) -> float | None:
+        """The first parameter group's learning rate at this step (None where the run holds none); keeps the largest
+        seen so far."""
         if "optimizer/lr" not in run.tensor_names("optimizer"):
             return None
-        return run.tensor("optimizer/lr").series()[1].tolist()
+        steps, values = run.tensor("optimizer/lr").tail(None, 1)
+        if not steps or steps[-1] != step:
+            return None
+        top = self._top_rate.get(run.default_worker, 0.0)
+        self._top_rate[run.default_worker] = max(top, values[-1])
+        return values[-1]
 
     def _same(self, tensor, step) -> bool:
         saved = tensor.steps(tensors=True)[-self.num_steps:]

@@ -340,8 +340,12 @@ class StepCapture:
             if not tf.executing_eagerly():
                 parts = {what: tf.convert_to_tensor(value) for what, value in parts.items()}  # variables: read now
                 if any(value.graph is not self._graph for value in parts.values()):
-                    self.warn_once(name, f"tripwire: {name} is computed inside a loop of the compiled step "
-                                          "and cannot be captured on the TensorFlow backend; it is skipped.")
+                    # inside a branch or a loop of the step (mixed precision's loss-scale optimizer updates the
+                    # weights in a tf.cond): no output of the function; a host callback that runs there hands
+                    # the values over instead
+                    whats = list(parts)
+                    tf.numpy_function(lambda *arrays: self._receive_all(name, dict(zip(whats, arrays))) or [],
+                                      list(parts.values()), Tout=[], stateful=True)
                     return
                 self._graph_out.update({f"{what}:{name}": value for what, value in parts.items()})
                 return
