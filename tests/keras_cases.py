@@ -61,9 +61,9 @@ def test_dead_relu(tmp_path, faulty):
     fit(cb, model, epochs=1)
     verdicts = fired(cb.run_url)
     assert ("dead_relu" in verdicts) == faulty
-    if faulty:  # every unit dead at two samples in a row: an error
+    if faulty:  # every unit dead at three samples in a row (steps 0, 10, 20): an error
         verdict = verdicts["dead_relu"]
-        assert verdict.step == 10 and verdict.severity == "error" and f"activations/{model.layers[0].path}" in \
+        assert verdict.step == 20 and verdict.severity == "error" and f"activations/{model.layers[0].path}" in \
             verdict.message
 
 

@@ -113,7 +113,7 @@ def test_unknown_rule_parameter(tmp_path):
 
 def test_rule_parameter_of_wrong_type(tmp_path):
     path = write(tmp_path, "rules:\n  - rule: dead_relu\n    params: {threshold_layer: lots}\n")
-    with pytest.raises(ConfigError, match=r"threshold_layer: expected a number like the default 50.0"):
+    with pytest.raises(ConfigError, match=r"threshold_layer: expected a number like the default 70.0"):
         tripwire.load_config(path)
 
 

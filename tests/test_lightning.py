@@ -87,8 +87,8 @@ def test_dead_relu(tmp_path, faulty):
     verdicts = fired(cb.run_url)
     assert ("dead_relu" in verdicts) == faulty
     if faulty:
-        verdict = verdicts["dead_relu"]  # every unit dead at two samples in a row: an error
-        assert verdict.step == 10 and verdict.severity == "error" and "activations/net.1" in verdict.message
+        verdict = verdicts["dead_relu"]  # every unit dead at three samples in a row (steps 0, 10, 20): an error
+        assert verdict.step == 20 and verdict.severity == "error" and "activations/net.1" in verdict.message
 
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
@@ -286,4 +286,4 @@ def test_check_exit_codes(tmp_path):
     show = cli("show", faulty.run_url)
     assert show.returncode == 0 and "status     finished" in show.stdout and "exploding_tensor" in show.stdout
     rules = cli("rules", "dead_relu")
-    assert rules.returncode == 0 and "threshold_layer = 50.0" in rules.stdout and "hint:" in rules.stdout
+    assert rules.returncode == 0 and "threshold_layer = 70.0" in rules.stdout and "hint:" in rules.stdout
