@@ -41,7 +41,8 @@ def numpy_save(folder: str, tensors: dict, steps: int) -> dict:
 def tripwire_writer(folder: str, tensors: dict, steps: int) -> dict:
     from tripwire.core.config import WriterConfig
     from tripwire.core.store import Store
-    from tripwire.core.writer import Sample, Writer
+    from tripwire.core.sample import Sample
+    from tripwire.core.writer import Writer
 
     with Clock() as clock:
         writer = Writer(Store(folder), 0, WriterConfig(on_full="block"))

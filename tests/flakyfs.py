@@ -17,6 +17,7 @@ class FlakyFileSystem(MemoryFileSystem):
     stored_bytes = 0  # bytes written so far: what the "storage" holds, in this process's memory
     fail_shard_writes = 0  # the next this many writes of shards fail (a transient outage), then they work
     attempts: list = []  # (path, time.monotonic(), written) of every shard write
+    hold = None  # a threading.Event: while it is not set, every write waits for it (storage that does not answer)
 
     def pipe_file(self, path, value, **kwargs):
         cls = type(self)
@@ -26,6 +27,8 @@ class FlakyFileSystem(MemoryFileSystem):
             raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer (injected)")
         if "/shards/" in path:
             cls.attempts.append((path, time.monotonic(), not cls.failing))
+        if cls.hold is not None:
+            cls.hold.wait()
         if cls.slow_s or cls.slow_s_per_mb:
             time.sleep(cls.slow_s + cls.slow_s_per_mb * len(value) / (1 << 20))
         if cls.failing:

@@ -146,12 +146,12 @@ def test_ls_on_s3(s3_server):
     check_rows(rows)
     assert rows[1]["url"] == f"{root}/group/faulty"
     # one listing per folder visited (root, healthy, group, group/faulty) and per run's status, verdicts and
-    # shards folders; one GET per small JSON object; the shards' headers by one ranged GET each: no shard's
-    # data is read and nothing is listed recursively
+    # index folders; one GET per small JSON object; the final index's header by one ranged GET each: no shard
+    # is read or listed and nothing is listed recursively
     assert sum(c[0] == "list_objects_v2" for c in calls) == 4 + 3 * 2 and "head_object" not in {c[0] for c in calls}
     gets = [c for c in calls if c[0] == "get_object"]
     assert sum(c[1].endswith(".json") and c[2] is None for c in gets) == 2 + 2 + 3  # manifests, statuses, verdicts
-    headers = [c for c in gets if "/shards/" in c[1]]
+    headers = [c for c in gets if "/index/" in c[1]]
     assert len(headers) == 2 and all(c[2] == "bytes=0-65535" for c in headers)
     assert len(gets) == 7 + 2
 

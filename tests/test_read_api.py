@@ -37,14 +37,14 @@ class Counting:
 
     def __getattr__(self, name):
         method = getattr(self._store, name)
-        if name not in ("list", "get", "exists"):
+        if name not in ("list", "get", "get_json", "exists"):
             return method
 
-        def counted(rel, *args):
+        def counted(rel, *args, **kwargs):
             with self._lock:
-                key = (name, rel.split("/")[0])
+                key = (name.removesuffix("_json"), rel.split("/")[0])  # a JSON object is one GET too
                 self.calls[key] = self.calls.get(key, 0) + 1
-            return method(rel, *args)
+            return method(rel, *args, **kwargs)
 
         return counted
 

@@ -13,6 +13,7 @@ import pytest
 
 import helpers
 import tripwire
+from tripwire.core.store import sealed_json
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_lightning.py"
 SIDE = {"evaluation": {"where": "side_process"}, "writer": {"flush_every_s": 0.2},
@@ -192,7 +193,9 @@ def test_watch_ends_a_run_whose_writers_vanished(tmp_path, gone):
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
         status.update(state="running", host=socket.gethostname(), pid=dead.pid)
-    status_file.write_text(json.dumps(status))
+    status_file.write_bytes(sealed_json(status))
+    for index in (run_dir / "index").iterdir():  # a writer that vanished wrote no final index either
+        index.unlink()
     assert tripwire.open_run(str(run_dir)).info["status"] == gone
     watcher = watch_cli(run_dir, "--ended-after", "1")
     out, _ = watcher.communicate(timeout=60)  # without an end for such runs it would wait forever

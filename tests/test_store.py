@@ -11,8 +11,9 @@ import tripwire
 from tripwire.core.config import WriterConfig
 from tripwire.core.index import write_index
 from tripwire.core.recorder import Recorder
-from tripwire.core.store import Store
-from tripwire.core.writer import Sample, Writer
+from tripwire.core.store import Store, opened_json
+from tripwire.core.sample import Sample
+from tripwire.core.writer import Writer
 
 CONFIG = {"collections": {"weights": {"save": "tensors", "reductions": ["mean", "l2"]}, "losses": {}},
           "sampling": {"every": 1}, "writer": {"flush_every_s": 0.05}}
@@ -147,13 +148,13 @@ def test_the_index_kept_in_memory_is_the_index_read_back_from_the_shards(url):
     from_memory = store.get(f"index/{kept}")
     store.fs.rm_file(store.path(f"index/{kept}"))
     assert not store.list("index")
-    write_index(store, 0, upto)
+    write_index(store, 0, upto, final="finished")
     assert store.get(f"index/{kept}") == from_memory
 
 
 def test_resumed_run_appends(url):
     for steps in (range(0, 10), range(10, 20)):
-        rec = Recorder(CONFIG, run_url=url, framework="test")
+        rec = Recorder(CONFIG, run_url=url, framework="test", append=steps[0] > 0)
         rec.start()
         record_steps(rec, steps)
         time.sleep(0.1)
@@ -198,7 +199,7 @@ def test_shards_are_safetensors_files(tmp_path):
     assert any(v.shape == (2, 3) for v in loaded.values())
 
 
-def test_writer_drops_when_the_queue_is_full_and_counts_it(tmp_path):
+def test_writer_leaves_out_full_tensors_that_do_not_fit_keeps_the_scalars_and_counts_it(tmp_path):
     store = Store(str(tmp_path / "run"))
     gate = threading.Event()
     real_put = store.put
@@ -210,13 +211,22 @@ def test_writer_drops_when_the_queue_is_full_and_counts_it(tmp_path):
     store.put = slow_put
     writer = Writer(store, 0, WriterConfig(flush_every_s=0.01, max_queue_mb=1.0))
     big = np.zeros(100_000, dtype=np.float32)  # 400 kB
-    kept = [writer.put(Sample(s, "train", {}, {"weights/w": big})) for s in range(10)]
+    kept = [writer.put(Sample(s, "train", {"losses/train": {"value": 1.0 / (s + 1)}}, {"weights/w": big}))
+            for s in range(10)]
     assert writer.pending_bytes <= 1 << 20
-    assert kept.count(False) >= 7 and writer.dropped_steps == kept.count(False)
+    assert all(kept) and writer.dropped_steps == 0 and writer.partial_steps >= 7
+    # past the bound and its slack even samples of scalars alone are dropped, and counted
+    many = {f"metrics/m{i}": {"value": 1.0} for i in range(60_000)}  # ~1 MB each
+    dropped = [writer.put(Sample(s, "train", dict(many))) for s in range(10, 16)]
+    assert dropped.count(False) >= 1 and writer.dropped_steps == dropped.count(False)
     gate.set()
-    writer.close()
-    status = json.loads((tmp_path / "run" / "status" / "00000.json").read_text())
-    assert status["dropped_steps"] == writer.dropped_steps and status["state"] == "finished"
+    assert writer.close()
+    status = opened_json((tmp_path / "run" / "status" / "00000.json").read_bytes())
+    assert status["state"] == "finished"
+    assert (status["partial_steps"], status["dropped_steps"]) == (writer.partial_steps, writer.dropped_steps)
+    store.put_json("run.json", {"format_version": 2, "run_id": "run", "framework": "test", "world_size": 1})
+    run = tripwire.open_run(str(tmp_path / "run"))
+    assert run.tensor("losses/train").steps() == [*range(10)]  # the loss of every step, tensors or not
 
 
 def test_series_of_10000_steps_reads_fast(tmp_path):
@@ -356,7 +366,7 @@ def test_foreign_status_verdicts_and_manifest_are_skipped_or_refused(tmp_path):
             tripwire.open_run(str(run_dir))
 
 
-def test_show_names_corrupt_truncated_and_foreign_files_and_exits_normally(tmp_path):
+def test_show_names_corrupt_truncated_and_foreign_files_and_exits_2_on_damage(tmp_path):
     import subprocess
     import sys
 
@@ -373,13 +383,19 @@ def test_show_names_corrupt_truncated_and_foreign_files_and_exits_normally(tmp_p
     (run_dir / "verdicts" / "00000-000000000001-x-1.json").write_text("{")
     out = subprocess.run([sys.executable, "-m", "tripwire", "show", str(run_dir)], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 2, out.stderr  # everything readable is shown, and the run is damaged
     for rel in ("index/00000-00000009.safetensors", "shards/00000-00000002.safetensors",
-                "shards/00000-00000001.safetensors", "shards/README.md", "status/00001.json",
-                "verdicts/00000-000000000001-x-1.json"):
-        assert f"skipped    {rel}: " in out.stdout
+                "shards/00000-00000001.safetensors", "status/00001.json", "verdicts/00000-000000000001-x-1.json"):
+        assert f"damaged    {rel}: " in out.stdout
+        assert rel in out.stderr or "…" in out.stderr
+    assert "skipped    shards/README.md: not a tripwire file" in out.stdout  # foreign, not damage
+    assert "is damaged: 5 file(s)" in out.stderr
     assert ".tmp-" not in out.stdout + out.stderr
     assert "status     finished" in out.stdout and "train: 10 sampled (0..9)" in out.stdout
+    healthy = three_shard_run(tmp_path / "healthy")
+    out = subprocess.run([sys.executable, "-m", "tripwire", "show", str(healthy)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "damaged" not in out.stdout + out.stderr, out.stderr
 
 
 def test_put_writes_every_chunk_in_order_through_partial_writes(tmp_path, monkeypatch):

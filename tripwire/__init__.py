@@ -20,6 +20,7 @@ _EXPORTS = {
     "TripwireError": "tripwire.core.errors",
     "ConfigError": "tripwire.core.errors",
     "RunNotFound": "tripwire.core.errors",
+    "RunDamaged": "tripwire.core.errors",
     "TensorUnavailable": "tripwire.core.errors",
     "StepUnavailable": "tripwire.core.errors",
     "StorageError": "tripwire.core.errors",

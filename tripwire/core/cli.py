@@ -167,7 +167,21 @@ def _check(args) -> int:
 
     run = _open(args.run)
     verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe()), trust_run=args.trust_run)
-    return _verdict_exit(verdicts)
+    code = _verdict_exit(verdicts)
+    return _damaged_exit(run, "check") or code
+
+
+def _damaged_exit(run, verb: str) -> int:
+    """2, saying which files, where the run holds damaged, cut short or missing files; else 0."""
+    return 2 if say_damage(run, verb) else 0
+
+
+def say_damage(run, verb: str) -> bool:
+    """Print which of the run's files are damaged (to stderr), if any: every verb says so."""
+    note = run.damage_note()
+    if note:
+        print(f"tripwire {verb}: {note}", file=sys.stderr)
+    return bool(note)
 
 
 def _verdict_exit(verdicts, quiet: bool = False) -> int:
@@ -215,16 +229,17 @@ def _show(args) -> int:
     if args.json:
         print(json.dumps({"url": run.url, "info": info, "steps": {m: len(s) for m, s in modes.items()},
                           "tensors": names, "verdicts": [v.to_dict() for v in verdicts],
-                          "skipped": run.skipped}, indent=1, default=str))
-        return 0
+                          "skipped": run.skipped, "damaged": run.damaged}, indent=1, default=str))
+        return _damaged_exit(run, "show")
     print(f"run        {run.url}")
     print(f"framework  {info.get('framework')} {info.get('framework_version', '')}   tripwire "
           f"{info.get('tripwire_version')}")
     print(f"status     {info['status']}   created {_when(info.get('created'))}   world size "
           f"{info.get('world_size', 1)}   workers with data {run.workers()}")
-    if info["lost_steps"] or info["dropped_steps"]:
+    if info["lost_steps"] or info["dropped_steps"] or info["partial_steps"]:
         print(f"lost       {info['lost_steps']} steps lost to storage errors, {info['dropped_steps']} dropped "
-              "(writer queue full)")
+              f"(writer queue full), {info['partial_steps']} stored without their full tensors (they did not fit "
+              "in writer.max_queue_mb)")
     for mode, steps in modes.items():
         span = f"{steps[0]}..{steps[-1]}" if steps else "-"
         print(f"steps      {mode}: {len(steps)} sampled ({span})")
@@ -240,8 +255,8 @@ def _show(args) -> int:
     for v in verdicts:
         print("  " + v.describe(with_hint=False))
     for rel, reason in run.skipped.items():
-        print(f"skipped    {rel}: {reason}")
-    return 0
+        print(f"{'damaged' if rel in run.damaged else 'skipped':10} {rel}: {reason}")
+    return _damaged_exit(run, "show")
 
 
 def _when(t) -> str:

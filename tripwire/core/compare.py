@@ -194,9 +194,14 @@ def compare(run_a, run_b, *, atol: float = 1e-5, rtol: float = 0.05, switch_step
 
 def cli(args, storage_options: dict) -> int:
     """`tripwire compare A B`: the report on stdout; exit 0 equivalent, 1 diverged, 2 nothing compared."""
-    result = compare(args.a, args.b, atol=args.atol, rtol=args.rtol, switch_step=args.switch_step,
-                     tensors=args.tensors, name_map=args.map, storage_options=storage_options)
+    from .cli import say_damage
+
+    runs = [open_run(url, storage_options) for url in (args.a, args.b)]
+    result = compare(*runs, atol=args.atol, rtol=args.rtol, switch_step=args.switch_step, tensors=args.tensors,
+                     name_map=args.map)
     print(result.report())
+    for run in runs:
+        say_damage(run, "compare")
     return 1 if result.diverged else (0 if result.equivalent else 2)
 
 

@@ -72,6 +72,7 @@ class WriterConfig:
     max_queue_mb: float = 256.0
     on_error: str = "warn"  # warn | raise | ignore
     on_full: str = "drop"  # drop | block
+    close_timeout_s: float = 30.0  # the longest the end of training waits for storage to take what is left
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class EvaluationConfig:
     spawn: bool = False
     poll_s: float = 0.25
     watcher_timeout_s: float = 60.0  # side_process: warn if no watcher attached (or its heartbeat stops) this long
+    rule_budget: float = 0.1  # in_process: the share of training time one rule may take before it is disabled
 
 
 @dataclass(frozen=True)
@@ -267,20 +269,24 @@ def _build(data: Any, c: _Checker) -> Config:
     for i, rid in enumerate(ids):
         if rid in ids[:i]:
             c.fail(("rules", i), f"rule '{rid}' is listed twice; give one of them its own `name:`.")
-    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s", "watcher_timeout_s"))
+    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s", "watcher_timeout_s",
+                                                             "rule_budget"))
     evaluation = EvaluationConfig(
         where=c.choice(ev.get("where", "in_process"), ("evaluation", "where"), ("in_process", "side_process")),
         spawn=_boolean(ev.get("spawn", False), ("evaluation", "spawn"), c),
         poll_s=c.number(ev.get("poll_s", 0.25), ("evaluation", "poll_s"), positive=True),
         watcher_timeout_s=c.number(ev.get("watcher_timeout_s", 60.0), ("evaluation", "watcher_timeout_s"),
                                    positive=True),
+        rule_budget=c.number(ev.get("rule_budget", 0.1), ("evaluation", "rule_budget"), positive=True),
     )
-    wr = c.mapping(data.get("writer"), ("writer",), ("flush_every_s", "max_queue_mb", "on_error", "on_full"))
+    wr = c.mapping(data.get("writer"), ("writer",), ("flush_every_s", "max_queue_mb", "on_error", "on_full",
+                                                     "close_timeout_s"))
     writer = WriterConfig(
         flush_every_s=c.number(wr.get("flush_every_s", 1.0), ("writer", "flush_every_s"), positive=True),
         max_queue_mb=c.number(wr.get("max_queue_mb", 256), ("writer", "max_queue_mb"), positive=True),
         on_error=c.choice(wr.get("on_error", "warn"), ("writer", "on_error"), ("warn", "raise", "ignore")),
         on_full=c.choice(wr.get("on_full", "drop"), ("writer", "on_full"), ("drop", "block")),
+        close_timeout_s=c.number(wr.get("close_timeout_s", 30.0), ("writer", "close_timeout_s"), positive=True),
     )
     workers = c.choice(data.get("workers", "zero"), ("workers",), ("zero", "all"))
     tb = c.mapping(data.get("tensorboard"), ("tensorboard",), ("dir",))

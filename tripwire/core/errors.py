@@ -26,6 +26,11 @@ class RunNotFound(TripwireError, FileNotFoundError):
     """No run at the URL given."""
 
 
+class RunDamaged(TripwireError, ValueError):
+    """A file of the run that was changed after it was written (its checksum does not match), cut short or
+    removed. The message names the file; `run.skipped` lists every such file found so far."""
+
+
 class TensorUnavailable(TripwireError, LookupError):
     """A tensor (or one of its reductions, modes or workers) that the run does not hold."""
 

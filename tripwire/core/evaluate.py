@@ -21,11 +21,10 @@ import time
 from .config import load_config
 from .errors import StoreUnavailable, TripwireError
 from .rules.engine import RuleEngine
-from .store import verdict_name
+from .store import FINAL_STATES, sealed_json, verdict_key_of, verdict_name
 from .watcher import Heartbeat, heartbeat_every
 
 log = logging.getLogger("tripwire")
-FINAL = ("finished", "stopped", "failed")  # the writers closed the run
 GONE = ("crashed", "unknown")  # a writer vanished without closing: ended once nothing new arrives for a while
 
 
@@ -147,11 +146,14 @@ class RetryingStore:
     def put(self, rel, data) -> None:
         self._call("put", rel, data)
 
-    def get_json(self, rel):
-        return self._call("get_json", rel)
+    def get_json(self, rel, required: bool = False):
+        return self._call("get_json", rel, required)
 
     def put_json(self, rel, obj) -> None:
         self._call("put_json", rel, obj)
+
+    def create(self, rel, data) -> bool:
+        return self._call("create", rel, data)
 
 
 def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s: float | None = None,
@@ -163,17 +165,20 @@ def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s
     Storage errors are retried with backoff; after `give_up_s` of nothing but errors it raises
     `StoreUnavailable`. config and trust_run: as for `Evaluator`."""
     run.store = store = RetryingStore(run.store)
-    pending: list[tuple[str, dict]] = []  # verdicts found but not stored yet (the store may be down)
+    pending: list[tuple[str, bytes]] = []  # verdicts found but not stored yet (the store may be down)
+    stored: set[str] = set()  # Verdict.key of those the run holds: found again (a restarted watcher), not stored
     evaluator = beat = None
 
     def keep(verdict):
-        pending.append((verdict_name(verdict.worker, verdict.step, verdict.rule), verdict.to_dict()))
+        if verdict.key not in stored:
+            stored.add(verdict.key)
+            pending.append((verdict_name(verdict), sealed_json(verdict.to_dict())))
         if on_verdict:
             on_verdict(verdict)
 
     def store_pending():
         while pending:
-            store.put_json(*pending[0])
+            store.create(*pending[0])
             pending.pop(0)
 
     outage_since = None
@@ -184,6 +189,7 @@ def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s
         while True:
             try:
                 if evaluator is None:
+                    stored.update(key for key in map(verdict_key_of, store.list("verdicts")) if key)
                     evaluator = Evaluator(run, config, source="side_process", trust_run=trust_run)
                     beat = Heartbeat(store._store, heartbeat_every(run.info.get("config")))
                 beat.tick()
@@ -241,7 +247,7 @@ def watch(run, config=None, on_verdict=None, poll_s: float = 0.2, idle_timeout_s
 
 def _ended(run, status, idle_since, gone_since, idle_timeout_s, ended_after_s) -> bool:
     now = time.monotonic()
-    if status in FINAL:
+    if status in FINAL_STATES:
         return True
     if status in GONE and gone_since is not None and now - max(gone_since, idle_since) >= ended_after_s:
         log.warning("tripwire watch: %s is %s (its writers are gone without closing the run) and nothing new "

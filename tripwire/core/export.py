@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .naming import VALUE
+from .naming import MODE_RE, VALUE
 from .progress import Progress
 from .store import output_url
 
@@ -35,12 +35,14 @@ _files = itertools.count()
 
 
 def cli(args, storage_options: dict) -> int:
+    from .cli import say_damage
     from .run import open_run
 
     run = open_run(args.run, storage_options)
     counts = export_tensorboard(run, args.logdir)
     print(f"wrote {counts['scalars']} scalars, {counts['histograms']} histograms and {counts['verdicts']} verdicts "
           f"to {args.logdir}; view them with: tensorboard --logdir {args.logdir}")
+    say_damage(run, "export")
     return 0
 
 
@@ -90,6 +92,10 @@ def _rows(run, mode: str, worker: int) -> dict:
 
 
 def subdir(mode: str, worker: int) -> str:
+    """The sub-logdir of a mode and worker: one plain folder name (the reader admits no other modes; checked
+    again here, where a name becomes a path)."""
+    if not MODE_RE.fullmatch(mode) or not isinstance(worker, int) or worker < 0:
+        raise ValueError(f"mode {mode!r:.40} and worker {worker!r:.20} do not name a folder")
     return mode if worker == 0 else f"{mode}-worker{worker}"
 
 

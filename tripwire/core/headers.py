@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .naming import MODE_RE
 from .shardfile import Entry, ShardFormatError
 from .shardfile import entry as shard_entry
 from .store import FORMAT_VERSION, INDEX_RE, SHARD_RE
@@ -42,6 +43,13 @@ def _int(x, what: str, low: int = 0) -> int:
 def _str(x, what: str) -> str:
     if not isinstance(x, str) or not x:
         _fail(f"{what} is {x!r}, not a name")
+    return x
+
+
+def _mode(x, what: str) -> str:
+    """A mode names folders where a run is exported: a plain word, never a path."""
+    if not isinstance(x, str) or not MODE_RE.fullmatch(x):
+        _fail(f"{what} is {x!r:.40}, not a mode (a lowercase word)")
     return x
 
 
@@ -83,7 +91,7 @@ def checked(file: StoredFile):
     step_map = meta.get("steps", {})
     if not isinstance(step_map, dict):
         _fail(f"steps is {type(step_map).__name__}, not a mapping of mode to entry")
-    steps = [(_str(mode, "a mode"), vector(key, f"steps of mode {mode!r}", integers=True))
+    steps = [(_mode(mode, "a mode"), vector(key, f"steps of mode {mode!r}", integers=True))
              for mode, key in step_map.items()]
     row_map = meta.get("rows", {m: e.shape[0] for m, e in steps})
     if not isinstance(row_map, dict):
@@ -97,7 +105,8 @@ def checked(file: StoredFile):
     for item in listed:
         if not isinstance(item, list) or len(item) != 5:
             _fail(f"series item {item!r:.80} is not [mode, name, reduction, values, steps]")
-        mode, tensor, reduction = (_str(x, "a series' " + w) for x, w in zip(item, ("mode", "name", "reduction")))
+        mode = _mode(item[0], "a series' mode")
+        tensor, reduction = (_str(x, "a series' " + w) for x, w in zip(item[1:3], ("name", "reduction")))
         values = vector(item[3], f"values of {tensor}/{reduction}")
         at = vector(item[4], f"steps of {tensor}/{reduction}", integers=True)
         if values.dtype == "BOOL" or values.shape != at.shape:
@@ -109,23 +118,26 @@ def checked(file: StoredFile):
     if not isinstance(listed, list):
         _fail(f"tensors is {type(listed).__name__}, not a list")
     for item in listed:
-        if not isinstance(item, list) or len(item) != (8 if kind == "index" else 4):
+        if not isinstance(item, list) or len(item) not in ((8, 9) if kind == "index" else (4,)) \
+                or kind == "index" and len(item) == 8 and version >= 2:
             _fail(f"tensor item {item!r:.80} does not have the {kind}'s layout")
-        mode, tensor = _str(item[0], "a tensor's mode"), _str(item[1], "a tensor's name")
+        mode, tensor = _mode(item[0], "a tensor's mode"), _str(item[1], "a tensor's name")
         step = _int(item[2], f"step of {tensor}", low=-(1 << 62))
         if kind == "shard":  # [mode, name, step, entry]
             if not isinstance(item[3], str) or item[3] not in entries:
                 _fail(f"tensor {tensor} at step {step} names entry {item[3]!r}, which the file does not hold")
             tensors.append((mode, tensor, step, (file.rel, entries[item[3]])))
             continue
-        # in an index: [mode, name, step, "shards/<file>", begin, end, dtype, shape] -- a path read later, so it
-        # must be a plain shard name of this worker inside shards/, never '..', an absolute path or a URL
+        # in an index: [mode, name, step, "shards/<file>", begin, end, dtype, shape, crc32 (format 2)]; the shard
+        # is a path read later, so it must be a plain shard name of this worker inside shards/, never '..', an
+        # absolute path or a URL
         shard = item[3]
         plain = isinstance(shard, str) and shard.startswith("shards/")
         m = SHARD_RE.fullmatch(shard[len("shards/"):]) if plain else None
         if m is None or int(m.group(1)) != worker or int(m.group(2)) > int(match.group(2)):
             _fail(f"tensor {tensor} at step {step} points to {shard!r:.80}, not a shard of worker {worker} "
                   f"numbered <= {int(match.group(2))} inside shards/")
-        where = shard_entry(item[6], item[7], item[4], item[5], what=f"tensor {tensor} at step {step}")
+        where = shard_entry(item[6], item[7], item[4], item[5], what=f"tensor {tensor} at step {step}",
+                            crc=item[8] if len(item) == 9 else None)
         tensors.append((mode, tensor, step, (shard, where)))
     return worker, steps, series, tensors, rows

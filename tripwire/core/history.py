@@ -1,8 +1,9 @@
 """Recent history in memory: what the in-process rule engine reads.
 
 It holds the last `capacity` samples of each series and the last
-`tensor_capacity` full values of each tensor, so memory stays bounded
-however long training runs. It answers through the same `View` interface as
+`tensor_capacity` full values of each tensor of the collections a rule reads
+whole (`tensor_collections`; the others are the writer's alone), so memory
+stays bounded however long training runs. It answers through the same `View` interface as
 a stored run.
 """
 
@@ -41,9 +42,11 @@ class _Ring:
 
 
 class History(View):
-    def __init__(self, capacity: int = 64, tensor_capacity: int = 1):
+    def __init__(self, capacity: int = 64, tensor_capacity: int = 1, tensor_collections=None):
+        """tensor_collections: the collections whose full values are kept (None: all)."""
         super().__init__()
         self.capacity, self.tensor_capacity = max(2, capacity), max(1, tensor_capacity)
+        self.tensor_collections = None if tensor_collections is None else frozenset(tensor_collections)
         self._rings: dict[tuple, _Ring] = {}
         self._row_steps: dict[tuple, _Ring] = {}
         self._tensors: dict[tuple, collections.OrderedDict] = {}
@@ -74,6 +77,8 @@ class History(View):
                     self._version += 1
                 ring.add(step, value)
         for name, array in (tensors or {}).items():
+            if self.tensor_collections is not None and collection_of(name) not in self.tensor_collections:
+                continue
             kept = self._tensors.get((worker, mode, name))
             if kept is None:
                 kept = self._tensors[(worker, mode, name)] = collections.OrderedDict()

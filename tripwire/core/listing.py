@@ -11,16 +11,17 @@ the runs are looked at concurrently.
 
 from __future__ import annotations
 
-import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .progress import Progress
 from .shardfile import decode_header, header_length
-from .store import INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, run_status
+from .store import FINAL_STATES, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, opened_json, run_status
 
 _THREADS = 16
 _PREFIX = 65536  # bytes read at once for a header: most index and shard headers fit
+_LONG_HEADERS = threading.BoundedSemaphore(2)  # headers longer than _PREFIX parsed at once, over all runs
 MAX_HEADERS = 256  # shard headers read per run to count a live run's steps; beyond, its count is unknown
 
 
@@ -99,24 +100,26 @@ def _summarise(fs, folder: str, entries: dict) -> dict:
         for name in names:
             blob = blobs.get(f"{folder}/{name}")
             try:
-                objects[name] = json.loads(blob) if isinstance(blob, bytes) else None
-            except ValueError:
+                objects[name] = opened_json(blob) if isinstance(blob, bytes) else None
+            except ValueError:  # not JSON, or damaged (DamagedObject)
                 objects[name] = None
         manifest = objects.get(MANIFEST)
         if not isinstance(manifest, dict):
             raise ValueError(f"{MANIFEST} is not a tripwire manifest")
-        statuses = {n: s for n, s in objects.items() if n.startswith("status/") and isinstance(s, dict)}
+        statuses = {int(n[7:12]): s for n, s in objects.items()
+                    if n.startswith("status/") and n[7:12].isdigit() and isinstance(s, dict)}
         verdicts = [v for n, v in objects.items() if n.startswith("verdicts/") and isinstance(v, dict)]
         flush_s = float(manifest.get("config", {}).get("writer", {}).get("flush_every_s", 1.0))
         steps = [s["last_step"] for s in statuses.values() if isinstance(s.get("last_step"), int)]
+        by_mode, finals = _step_counts(fs, folder, entries, statuses)
         row.update(run_id=manifest.get("run_id"), framework=manifest.get("framework"), created=manifest.get("created"),
-                   status=run_status({i: s for i, s in enumerate(statuses.values())}, stale_s=max(120.0, 20 * flush_s)),
+                   status=run_status(statuses, stale_s=max(120.0, 20 * flush_s), finals=finals,
+                                     created=manifest.get("created")),
                    last_step=max(steps, default=None),
                    verdicts=sum(v.get("status") == "fired" and v.get("severity", "warning") != "info"
                                 for v in verdicts),
                    info=sum(v.get("status") == "fired" and v.get("severity") == "info" for v in verdicts),
                    no_data=sum(v.get("status") == "no_data" for v in verdicts))
-        by_mode = _step_counts(fs, folder, entries, statuses)
         if by_mode is not None:
             row["steps_by_mode"] = by_mode
             row["steps"] = by_mode.get("train", max(by_mode.values(), default=0))
@@ -125,23 +128,20 @@ def _summarise(fs, folder: str, entries: dict) -> dict:
     return row
 
 
-def _step_counts(fs, folder: str, entries: dict, statuses: dict) -> dict[str, int] | None:
-    """{mode: steps} (the most of any worker) from headers alone, or None where that would cost too much.
+def _step_counts(fs, folder: str, entries: dict, statuses: dict) -> tuple[dict[str, int] | None, dict[int, str]]:
+    """{mode: steps} (the most of any worker) from headers alone, or None where that would cost too much; and
+    {worker: state} where the worker's newest index marks how it closed the run and covers what it wrote.
 
     Each worker's newest index holds its distinct steps per mode (`rows`); shards written after it (a live run,
-    or one that never wrote an index: a single shard) add theirs. shards/ is listed only where a worker's status
-    says it wrote shards its index does not cover, or where a worker has no index."""
+    or one that never wrote an index) add theirs. shards/ is listed only where a worker's status says it wrote
+    shards its index does not cover, or where a worker has no index."""
     indexes: dict[int, tuple[int, str]] = {}  # worker -> (upto, path) of its newest index
     if "index" in entries:
         for name in _entries(fs, f"{folder}/index"):
             m = INDEX_RE.match(name)
             if m and int(m.group(2)) >= indexes.get(int(m.group(1)), (-1, ""))[0]:
                 indexes[int(m.group(1))] = (int(m.group(2)), f"{folder}/index/{name}")
-    written = {}  # worker -> shards written, as its status says (the next seq)
-    for name, status in statuses.items():
-        stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
-        if stem.isdigit() and isinstance(status.get("shards"), int):
-            written[int(stem)] = status["shards"]
+    written = {w: s["shards"] for w, s in statuses.items() if isinstance(s.get("shards"), int)}  # the next seq
     covered = bool(written) and all(indexes.get(w, (-1, ""))[0] >= n - 1 for w, n in written.items())
     shards = []
     if "shards" in entries and not covered:
@@ -149,22 +149,29 @@ def _step_counts(fs, folder: str, entries: dict, statuses: dict) -> dict[str, in
             m = SHARD_RE.match(name)
             if m and int(m.group(2)) > indexes.get(int(m.group(1)), (-1, ""))[0]:
                 shards.append((int(m.group(1)), f"{folder}/shards/{name}"))
-    if len(shards) > MAX_HEADERS:
-        return None
-    files = [(w, path) for w, (_, path) in indexes.items()] + shards
+    later = {w for w, _ in shards}
+    files = [(w, path) for w, (_, path) in indexes.items()] + (shards if len(shards) <= MAX_HEADERS else [])
     counts: dict[tuple[int, str], int] = {}
-    for (worker, _), rows in zip(files, _rows(fs, [path for _, path in files])):
-        for mode, n in rows.items():
-            counts[(worker, mode)] = counts.get((worker, mode), 0) + n
+    finals: dict[int, str] = {}
+    for (worker, path), meta in zip(files, _metas(fs, [path for _, path in files])):
+        rows = meta.get("rows", {})
+        for mode, n in (rows.items() if isinstance(rows, dict) else ()):
+            if isinstance(n, int) and n >= 0:
+                counts[(worker, str(mode))] = counts.get((worker, str(mode)), 0) + n
+        if path.startswith(f"{folder}/index/") and worker not in later and meta.get("final") in FINAL_STATES \
+                and indexes[worker][0] >= written.get(worker, 0) - 1:
+            finals[worker] = meta["final"]
+    if len(shards) > MAX_HEADERS:
+        return None, finals
     out: dict[str, int] = {}
     for (_, mode), n in counts.items():
         out[mode] = max(out.get(mode, 0), n)
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items())), finals
 
 
-def _rows(fs, paths: list[str]) -> list[dict[str, int]]:
-    """The `rows` ({mode: steps}) of each file's header: one ranged read each, a second where a header is longer
-    than the first read; an unreadable file counts nothing."""
+def _metas(fs, paths: list[str]) -> list[dict]:
+    """The tripwire metadata of each file's header: one ranged read each, a second where a header is longer
+    than the first read; an unreadable file gives {}."""
     if not paths:
         return []
     out = []
@@ -174,10 +181,11 @@ def _rows(fs, paths: list[str]) -> list[dict[str, int]]:
             if isinstance(prefix, BaseException):
                 raise prefix
             n = header_length(prefix)
-            head = prefix[8:8 + n] if len(prefix) >= 8 + n else fs.cat_file(path, start=8, end=8 + n)
-            rows = decode_header(head)[1].get("rows", {})
-            out.append({str(m): int(k) for m, k in rows.items() if isinstance(k, int) and k >= 0}
-                       if isinstance(rows, dict) else {})
+            if len(prefix) >= 8 + n:
+                out.append(decode_header(prefix[8:8 + n])[1])
+                continue
+            with _LONG_HEADERS:  # a long header costs several times its size while parsed: few at once
+                out.append(decode_header(fs.cat_file(path, start=8, end=8 + n))[1])
         except (ValueError, OSError, TypeError):
             out.append({})
     return out

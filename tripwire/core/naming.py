@@ -6,7 +6,11 @@ A tensor's name is `collection/path`, where the path is the framework's own
 
 from __future__ import annotations
 
+import re
+
 MODES = ("train", "eval", "predict")
+# what a reader accepts as a mode from a stored run: a mode names folders (`tripwire export`), so never a path
+MODE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 # Every collection a plugin can fill. Scalar collections hold one number per
 # step, stored under the reduction name "value"; the others hold tensors.

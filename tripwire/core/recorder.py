@@ -10,7 +10,6 @@ the actions it can run itself, and hands back a `Decision` for the rest.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -22,12 +21,15 @@ from .history import History
 from .model import ModelInfo
 from .naming import collection_of
 from .rules.engine import RuleEngine
-from .store import FORMAT_VERSION, MANIFEST, SHARD_RE, Store, new_run_id, output_url
+from .sample import Sample, TensorBudget
+from .store import FORMAT_VERSION, MANIFEST, Store, check_run_url, new_run_id, output_url, sealed_json
 from .verdict import Verdict
 from .watcher import WatcherLink
-from .writer import Sample, Writer
+from .writer import Writer
 
 log = logging.getLogger("tripwire")
+OPEN_WAIT_S = 3.0  # how long starting waits for the run to open before training goes on without waiting
+MAX_RUNS_BESIDE = 10_000  # out_dir-1 … out_dir-N: the runs a fixed out_dir can hold side by side
 
 
 def make_run_url(config: Config, out_dir=None) -> str:
@@ -36,11 +38,13 @@ def make_run_url(config: Config, out_dir=None) -> str:
 
 
 def prepare_storage(config: Config, out_dir=None, storage_options: dict | None = None) -> None:
-    """Import fsspec and make the run's filesystem now, when a callback is made: the first time costs tens of
-    milliseconds (more where Python compiles fsspec from source), which training would otherwise pay when it
-    starts. Best effort: a URL that cannot be opened fails where it always did, when the run opens."""
+    """When a callback is made: refuse an `out_dir` (or `output`) that names no folder of its own (ValueError),
+    then import fsspec and make the run's filesystem now: the first time costs tens of milliseconds (more where
+    Python compiles fsspec from source), which training would otherwise pay when it starts. Best effort: a URL
+    that cannot be opened fails where it always did, when the run opens."""
     import fsspec
 
+    check_run_url(make_run_url(config, out_dir))
     try:
         fsspec.core.url_to_fs(str(out_dir) if out_dir is not None else config.output,
                               **{**config.storage_options, **(storage_options or {})})
@@ -51,20 +55,24 @@ def prepare_storage(config: Config, out_dir=None, storage_options: dict | None =
 class Recorder:
     def __init__(self, config=None, *, run_url: str, framework: str, framework_version: str = "", worker: int = 0,
                  world_size: int = 1, storage_options: dict | None = None, info: dict | None = None,
-                 provides: set | None = None, model: ModelInfo | None = None):
+                 provides: set | None = None, model: ModelInfo | None = None, append: bool = False):
         """provides: the collections the plugin can capture, if not all; rules needing others are left out.
-        model: the model's structure, stored in the run's manifest and read by the rules."""
+        model: the model's structure, stored in the run's manifest and read by the rules.
+        append: add to the run at run_url (a resumed training); else worker 0 makes a new run there, or beside it
+        (run_url-1, -2, …) where one is already, and `run_url` says which once `start()` returned."""
         self.config = load_config(config)
         if provides is not None:
             self.config = _applicable(self.config, provides, framework)
         self.plan = self.config.plan()
-        self.run_url, self.worker, self.world_size = run_url, worker, world_size
+        self.run_url, self.worker, self.world_size, self.append = run_url, worker, world_size, append
         self.framework, self.framework_version = framework, framework_version
         self.storage_options = {**self.config.storage_options, **(storage_options or {})}
         self.info = {**(info or {}), **({"model": model.to_dict()} if model is not None else {})}
         in_process = self.config.evaluation.where == "in_process"
-        self.engine = RuleEngine(self.config.rules) if in_process else None  # None: the side process evaluates
-        self.history = History(self.engine.history, self.engine.tensor_history) if in_process else None
+        # None: the side process evaluates
+        self.engine = RuleEngine(self.config.rules, budget=self.config.evaluation.rule_budget) if in_process else None
+        self.history = History(self.engine.history, self.engine.tensor_history,
+                               self.engine.tensor_collections) if in_process else None
         if self.history is not None:
             self.history.model = model
         self.verdicts: list[Verdict] = []
@@ -81,36 +89,62 @@ class Recorder:
         self._seen_verdicts: set[str] | None = None
         self._watcher: WatcherLink | None = None  # side_process, worker 0: the link to `tripwire watch`
         self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
+        self._budget: TensorBudget | None = None  # of the step being captured
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Open the run (create it, or append to it when resuming) and start the writer thread."""
+        """Start the writer thread, which opens the run (creates it, or appends to it when resuming): storage
+        that is missing, failing or slow never holds training up for more than OPEN_WAIT_S, nor raises."""
         if self.writer is not None:
             return
         self.store = Store(self.run_url, self.storage_options)
-        if self.worker == 0 and not self.store.exists(MANIFEST):
-            self.store.put_json(MANIFEST, {
-                "format_version": FORMAT_VERSION, "run_id": self.run_url.rsplit("/", 1)[-1],
-                "framework": self.framework, "framework_version": self.framework_version,
-                "tripwire_version": __version__, "created": time.time(), "world_size": self.world_size,
-                "config": self.config.to_dict(), **self.info})
-        seqs = [int(m.group(2)) for m in map(SHARD_RE.match, self.store.list("shards"))
-                if m and int(m.group(1)) == self.worker]
         side = self.config.evaluation.where == "side_process"
         ticks = side or self.engine.has_idle_rules
-        if side and self.worker == 0:
-            self._watcher = WatcherLink(self.store, self.run_url, self.config.evaluation.watcher_timeout_s)
-        self.writer = Writer(self.store, self.worker, self.config.writer, first_seq=max(seqs, default=-1) + 1,
+        self.writer = Writer(self.store, self.worker, self.config.writer, opening=self._claim,
                              poll=self._tick if ticks else None, poll_s=self.config.evaluation.poll_s,
                              status={"world_size": self.world_size})
-        if self._watcher is not None and self.config.evaluation.spawn:
-            self._watcher.spawn(self.storage_options)
+        self.writer.tried.wait(OPEN_WAIT_S)  # storage that refuses at once has said so (the writer warns)
+        if not self.writer.opened.is_set() and self.writer.error is None:
+            log.warning("tripwire: storage at %s has not answered within %gs; training starts, and what it captures "
+                        "waits (within writer.max_queue_mb) until storage answers.", self.run_url, OPEN_WAIT_S)
         if self.config.tensorboard.get("dir"):
             from .export import TensorBoardSink
 
             self._tensorboard = TensorBoardSink(self.config.tensorboard["dir"], self.run_url, self.worker,
                                                 self.verdicts)
+
+    def _claim(self) -> Store:
+        """Writer thread, before anything is written: make the run this training writes (worker 0), or find the
+        one it appends to. A fixed out_dir that already holds a run gets a new run beside it, never a merge;
+        the claim is exclusive on a local disk, so two trainings started at once get two runs."""
+        store = self.store
+        if self.worker == 0 and not self.append:
+            base = store.url
+            for n in range(MAX_RUNS_BESIDE):
+                if n:
+                    store = Store(f"{base}-{n}", self.storage_options)
+                if store.create(MANIFEST, self._manifest(store.url)):
+                    break
+            else:
+                raise FileExistsError(f"{base} and {MAX_RUNS_BESIDE - 1} runs beside it exist already")
+            if n:
+                log.warning("tripwire: %s holds a run already; this training is stored beside it, in %s (to add "
+                            "to that run instead, pass append=True).", base, store.url)
+        elif self.worker == 0 and not store.exists(MANIFEST):  # appending to a run that is not there (yet)
+            store.put(MANIFEST, self._manifest(store.url))
+        self.store, self.run_url = store, store.url
+        if self.config.evaluation.where == "side_process" and self.worker == 0:
+            self._watcher = WatcherLink(store, self.run_url, self.config.evaluation.watcher_timeout_s)
+            if self.config.evaluation.spawn:
+                self._watcher.spawn(self.storage_options)
+        return store
+
+    def _manifest(self, url: str) -> bytes:
+        return sealed_json({
+            "format_version": FORMAT_VERSION, "run_id": url.rsplit("/", 1)[-1], "framework": self.framework,
+            "framework_version": self.framework_version, "tripwire_version": __version__, "created": time.time(),
+            "world_size": self.world_size, "config": self.config.to_dict(), **self.info})
 
     def finish(self, state: str = "finished") -> None:
         """Final verdicts (no_data), the last shard, the index, the final status; then the report if asked for."""
@@ -121,18 +155,21 @@ class Recorder:
                 self.verdicts.append(verdict)
                 self.writer.put_verdict(verdict)
                 log.warning("tripwire: %s", verdict.describe(with_hint=False))
+        writer = self.writer
         try:
-            self.writer.close(state)
+            closed = writer.close(state)
         finally:
             self.writer = None
             if self._watcher is not None:
                 self._watcher.stop()
             if self._tensorboard is not None:
                 self._tensorboard.close()
+        if not closed or not writer.opened.is_set():
+            return  # storage did not answer in time: no report either, the process must not wait on it
         if any(a.name == "report" for actions in self._actions.values() for a in actions):
             self.write_report()  # after the close: the final report sees everything stored
         if self._html_report is not None:
-            self._html_report.wait()
+            self._html_report.wait(self.config.writer.close_timeout_s)
 
     # -- per step -------------------------------------------------------------------------------------------------
     def alive(self) -> None:
@@ -142,10 +179,18 @@ class Recorder:
         if self.writer is not None:
             self.writer.alive_at = self._last_data
 
+    def tensor_budget(self) -> TensorBudget:
+        """What the plugin may copy of the full tensors of the step it begins capturing (see TensorBudget)."""
+        self._budget = TensorBudget(self.writer.room() if self.writer is not None else 0)
+        return self._budget
+
     def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
         """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it."""
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
+        if self._budget is not None and self._budget.left_out:
+            self.writer.left_out(step, self._budget.left_out)
+        self._budget = None
         self.writer.put(Sample(step, mode, values, tensors or {}))
         if self._tensorboard is not None:
             self._tensorboard.put(step, mode, values, tensors)
@@ -224,7 +269,7 @@ class Recorder:
         fresh = sorted(names - self._seen_verdicts)
         for name in fresh:
             try:
-                verdict = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
+                verdict = Verdict.from_dict(self.store.get_json(f"verdicts/{name}"))
             except (OSError, ValueError, TypeError):
                 continue  # not complete yet or not ours; looked at again next time
             self._seen_verdicts.add(name)

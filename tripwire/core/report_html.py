@@ -34,15 +34,17 @@ MAX_TRIES = 20  # latest steps looked at for finite prediction scores
 
 
 def cli(args, storage_options: dict) -> int:
+    from .cli import say_damage
     from .errors import RunNotFound
     from .listing import list_runs
     from .run import open_run
     from .store import MANIFEST, Store
 
     if Store(args.run, storage_options).exists(MANIFEST):
-        where = write_report(open_run(args.run, storage_options), args.output, storage_options, progress=True,
-                             steps=getattr(args, "steps", None))
+        run = open_run(args.run, storage_options)
+        where = write_report(run, args.output, storage_options, progress=True, steps=getattr(args, "steps", None))
         print(f"report written to {where}")
+        say_damage(run, "report")
         return 0
     rows = list_runs(args.run, storage_options)
     if not rows:
@@ -113,7 +115,7 @@ def _summary(run, info: dict, verdicts: list) -> list:
     import yaml
 
     known = {"format_version", "run_id", "framework", "framework_version", "tripwire_version", "created",
-             "world_size", "config", "status", "workers", "lost_steps", "dropped_steps"}
+             "world_size", "config", "status", "workers", "lost_steps", "dropped_steps", "partial_steps"}
     framework, version = str(info.get("framework")), str(info.get("framework_version", ""))
     rows = [("framework", version if version.startswith(framework) else f"{framework} {version}"),
             ("status", info["status"]),
@@ -128,8 +130,11 @@ def _summary(run, info: dict, verdicts: list) -> list:
         names = run.tensor_names(collection=collection)
         rows.append((f"collection {collection}", f"{len(names)}: {', '.join(names[:4])}"
                      + (f" and {len(names) - 4} more" if len(names) > 4 else "")))
-    if info.get("lost_steps") or info.get("dropped_steps"):
-        rows.append(("lost", f"{info['lost_steps']} steps lost to storage errors, {info['dropped_steps']} dropped"))
+    if info.get("lost_steps") or info.get("dropped_steps") or info.get("partial_steps"):
+        rows.append(("lost", f"{info['lost_steps']} steps lost to storage errors, {info['dropped_steps']} dropped, "
+                             f"{info.get('partial_steps', 0)} stored without their full tensors"))
+    for rel, why in sorted(run.damaged.items()):
+        rows.append(("damaged", f"{rel}: {why}"))
     rows.append(("verdicts", ", ".join([*(f"{sum(v.fired and v.severity == s for v in verdicts)} {s}"
                                           for s in SEVERITIES),
                                         *(f"{sum(v.status == s for v in verdicts)} {s}" for s in ("no_data", "error"))])))

@@ -6,12 +6,19 @@ it) and cached; `refresh()` reads only the headers of shards that appeared
 since, and the next read of a series appends only their part. Files that are
 not shards (corrupt, truncated, foreign) are skipped with a warning and
 listed in `run.skipped`.
+
+Every byte is checked (store format 2, docs/format.md): a header and the
+small series section of each file are verified when the file is loaded, and
+a file that fails is skipped whole; a full tensor, or the series section of
+a large index, when it is read: a mismatch there raises `RunDamaged`, which
+names the file. A shard missing from a worker's numbering, or cut short
+under its index, is listed too. `run.damaged` is what of `run.skipped` is
+damage rather than a foreign file.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 import time
 import warnings
@@ -19,11 +26,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from .errors import RunNotFound, listing
+from .errors import RunDamaged, RunNotFound, listing
 from .headers import StoredFile, checked
 from .model import ModelInfo
 from .shardfile import Entry, ShardFormatError, decode_header, header_length
-from .store import FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX, Store, run_status
+from .store import (CHECKSUMMED_SINCE, FINAL_STATES, FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX,
+                    DamagedObject, Store, count_of, index_name, run_status, shard_name)
 from .verdict import Verdict
 from .view import View, merge_sorted
 
@@ -43,6 +51,9 @@ class Run(View):
             self._manifest = self.store.get_json(MANIFEST)
         except FileNotFoundError:
             raise RunNotFound(self._not_found_message()) from None
+        except DamagedObject as exc:
+            raise RunDamaged(f"{self.url}/{MANIFEST} is damaged: {exc}. The run cannot be opened without it; restore "
+                             "it from a backup if there is one.") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise RunNotFound(f"{self.url}/{MANIFEST} is not a tripwire manifest ({exc}).") from None
         version = self._manifest.get("format_version", 0) if isinstance(self._manifest, dict) else None
@@ -54,7 +65,12 @@ class Run(View):
             warnings.warn(f"{self.url} was written in store format {self._manifest.get('format_version')}; this "
                           f"tripwire reads format {FORMAT_VERSION}. Upgrade tripwire to read all of it.")
         self.skipped: dict[str, str] = {}
+        self._foreign_files: set[str] = set()  # of skipped: files that are not tripwire's (by their names)
+        self._sealed = version >= CHECKSUMMED_SINCE  # every JSON object of the run must carry its checksum
         self._files: dict[str, StoredFile] = {}
+        self._listed: dict[int, set] = defaultdict(set)  # worker -> numbers of its shards listed so far
+        self._top: dict[int, int] = {}  # worker -> the highest number of its shards that loaded
+        self._closed: dict[int, tuple] = {}  # worker -> (upto, state) where its newest index marks the close
         self._index_upto: dict[int, int] = {}  # worker -> seq covered by its index
         self._chunks: dict[tuple, list] = defaultdict(list)  # (w, mode, name, red) -> [(file, values, steps)]
         self._step_chunks: dict[tuple, list] = defaultdict(list)  # (w, mode) -> [(file, entry)]
@@ -81,13 +97,22 @@ class Run(View):
     # -- metadata -------------------------------------------------------------------------------------------------
     @property
     def info(self) -> dict:
-        """Manifest plus live state: status, workers' status, lost and dropped step counts."""
+        """Manifest plus live state: status, workers' status, lost, dropped and partial (full tensors left out)
+        step counts."""
         statuses = self._statuses()
         info = dict(self._manifest)
-        info["status"] = run_status(statuses, stale_s=max(120.0, 20 * self._flush_every()))
+        finals = {}
+        for worker, (upto, state) in self._closed.items():
+            written = count_of(statuses.get(worker, {}).get("shards"))
+            if upto >= max(self._listed[worker], default=-1) and upto >= written - 1:
+                finals[worker] = state
+        info["status"] = run_status(statuses, stale_s=max(120.0, 20 * self._flush_every()), finals=finals,
+                                    created=info.get("created"))
+        self._check_tails(statuses)
         info["workers"] = {w: s for w, s in sorted(statuses.items())}
         info["lost_steps"] = sum(s.get("lost_steps", 0) for s in statuses.values())
         info["dropped_steps"] = sum(s.get("dropped_steps", 0) for s in statuses.values())
+        info["partial_steps"] = sum(count_of(s.get("partial_steps")) for s in statuses.values())
         return info
 
     @functools.cached_property
@@ -110,7 +135,7 @@ class Run(View):
                 self._foreign(f"status/{name}")
                 continue
             try:
-                status = json.loads(self.store.get(f"status/{name}"))
+                status = self.store.get_json(f"status/{name}", required=self._sealed)
                 problem = _status_problem(status)
             except (ValueError, OSError) as exc:
                 problem = str(exc)
@@ -131,7 +156,8 @@ class Run(View):
                     or not name.startswith(prefix):
                 continue
             try:
-                self._verdicts[name] = Verdict.from_dict(json.loads(self.store.get(f"verdicts/{name}")))
+                self._verdicts[name] = Verdict.from_dict(self.store.get_json(f"verdicts/{name}",
+                                                                             required=self._sealed))
             except (ValueError, TypeError, OSError) as exc:
                 self._skip(f"verdicts/{name}", f"unreadable verdict: {exc}")
         return sorted((v for v in self._verdicts.values() if worker is None or v.worker == worker),
@@ -156,7 +182,11 @@ class Run(View):
                 if loaded is not None:
                     self._index_upto[worker] = upto
                     new_rows += loaded
-        for name, size in sorted(self.store.list("shards").items()):
+                    index = self._files[f"index/{name}"].meta
+                    if index.get("final") in FINAL_STATES:
+                        self._closed[worker] = (upto, index["final"])
+        listed = self.store.list("shards")
+        for name, size in sorted(listed.items()):
             rel = f"shards/{name}"
             if rel in self._files or rel in self.skipped:
                 continue
@@ -164,10 +194,45 @@ class Run(View):
             if not m:
                 self._foreign(rel)
                 continue
-            if int(m.group(2)) <= self._index_upto.get(int(m.group(1)), -1):
+            worker, seq = int(m.group(1)), int(m.group(2))
+            self._listed[worker].add(seq)
+            if seq <= self._index_upto.get(worker, -1):
+                recorded = self._covered(worker).get(str(seq))
+                if isinstance(recorded, int) and recorded != size:  # its tensors would fail when read
+                    self._skip(rel, f"holds {size} bytes, its worker's index recorded {recorded}: cut short or "
+                                    "replaced")
                 continue
-            new_rows += self._load(rel, size) or 0
+            loaded = self._load(rel, size)
+            if loaded is not None:
+                new_rows += loaded
+                self._top[worker] = max(self._top.get(worker, -1), seq)
+        for worker in set(self._top) | set(self._index_upto):  # numbered without gaps: a gap is a lost file
+            top = max(self._top.get(worker, -1), max(map(int, self._covered(worker)), default=-1))
+            for seq in sorted(set(range(top + 1)) - self._listed[worker]):
+                self._skip(shard_name(worker, seq), "missing: later shards of its worker are there")
         return new_rows
+
+    def _covered(self, worker: int) -> dict:
+        """{seq (text): bytes} of the shards the worker's index covers, as it recorded them ({} without one)."""
+        if worker not in self._index_upto:
+            return {}
+        sizes = self._files[index_name(worker, self._index_upto[worker])].meta.get("shards", {})
+        return {k: v for k, v in sizes.items() if k.isdigit()} if isinstance(sizes, dict) else {}
+
+    def _check_tails(self, statuses: dict[int, dict]) -> None:
+        """Where a worker's status counts more shards than were listed, look again (a status is written after the
+        shards it counts) and name the missing: the last shards of a run are lost without a gap to show it."""
+        behind = {w: count_of(s.get("shards")) for w, s in statuses.items()
+                  if count_of(s.get("shards")) > max(self._listed[w], default=-1) + 1}
+        if not behind:
+            return
+        for name in self.store.list("shards"):
+            m = SHARD_RE.match(name)
+            if m and int(m.group(1)) in behind:
+                self._listed[int(m.group(1))].add(int(m.group(2)))
+        for worker, written in behind.items():
+            for seq in sorted(set(range(written)) - self._listed[worker]):
+                self._skip(shard_name(worker, seq), "missing: its worker's status says it was written")
 
     def wait_for_step(self, step: int, timeout: float | None = None, mode: str = "train",
                       worker: int | None = None) -> bool:
@@ -201,6 +266,21 @@ class Run(View):
             delay = min(delay * 1.5, 1.0)
 
     # -- loading files --------------------------------------------------------------------------------------------
+    @property
+    def damaged(self) -> dict[str, str]:
+        """{file: why} of the run's own files found damaged, cut short or missing (`skipped` also lists files
+        that are not tripwire's). Reads the workers' statuses, which count the shards they wrote."""
+        self._check_tails(self._statuses())
+        return {rel: why for rel, why in self.skipped.items() if rel not in self._foreign_files}
+
+    def damage_note(self) -> str | None:
+        """One line naming the damaged files, for every verb to print; None for a sound run."""
+        damaged = sorted(self.damaged)
+        if not damaged:
+            return None
+        return (f"{self.url} is damaged: {len(damaged)} file(s) changed after they were written, cut short or missing "
+                f"({', '.join(damaged[:5])}{', …' if len(damaged) > 5 else ''}); what they held is left out.")
+
     def _skip(self, rel: str, reason: str) -> None:
         if rel not in self.skipped:
             self.skipped[rel] = reason
@@ -208,6 +288,7 @@ class Run(View):
 
     def _foreign(self, rel: str) -> None:
         if not rel.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+            self._foreign_files.add(rel)
             self._skip(rel, "not a tripwire file (unexpected name)")
 
     def _load(self, rel: str, size: int) -> int | None:
@@ -224,8 +305,9 @@ class Run(View):
             entries, meta = decode_header(head, size or None)
             file = StoredFile(rel, entries, meta)
             worker, steps, series, tensors, rows = checked(file)
+            self._verify_section(file, prefix, [e for _, e in steps] + [e for s in series for e in s[3:]])
         except (ShardFormatError, KeyError, ValueError, TypeError, AttributeError, OSError) as exc:
-            self._skip(rel, f"not a readable shard ({type(exc).__name__}: {exc})")
+            self._skip(rel, f"not a readable {rel.split('/')[0].rstrip('s')} ({type(exc).__name__}: {exc})")
             return None
         for mode, entry in steps:
             self._step_chunks[(worker, mode)].append((file, entry))
@@ -239,16 +321,51 @@ class Run(View):
         self._version += 1
         return rows
 
+    def _verify_section(self, file: StoredFile, prefix: bytes, entries: list) -> None:
+        """Verify the checksums of a file's series and steps before any of them is used, where that costs at most
+        one read of _SECTION_CACHE_BYTES (most shards: none beyond the header's); the section is kept for the
+        reads that follow. A larger section (a long run's index) is verified entry by entry as it is read."""
+        section = file.section()
+        if not section or section[1] - section[0] > _SECTION_CACHE_BYTES:
+            return
+        blob = prefix[section[0]:section[1]]
+        if len(blob) != section[1] - section[0]:
+            blob = self.store.get(file.rel, *section)
+        for entry in entries:
+            entry.decode(blob[entry.begin - section[0]:entry.end - section[0]])
+        self._keep_section(file.rel, blob)
+
+    def _keep_section(self, rel: str, blob: bytes) -> None:
+        self._sections[rel] = blob
+        if sum(map(len, self._sections.values())) > 64 * _SECTION_CACHE_BYTES:
+            self._sections.pop(next(iter(self._sections)))
+
     def _read(self, file: StoredFile, entry: Entry):
         section = file.section()
         if section and entry.end <= section[1] and section[1] - section[0] <= _SECTION_CACHE_BYTES:
             blob = self._sections.get(file.rel)
             if blob is None:
-                blob = self._sections[file.rel] = self.store.get(file.rel, *section)
-                if sum(map(len, self._sections.values())) > 64 * _SECTION_CACHE_BYTES:
-                    self._sections.pop(next(iter(self._sections)))
-            return entry.decode(blob[entry.begin - section[0]:entry.end - section[0]])
-        return entry.decode(self.store.get(file.rel, entry.begin, entry.end))
+                blob = self.store.get(file.rel, *section)
+                self._keep_section(file.rel, blob)
+            return self._decode(file.rel, entry, blob[entry.begin - section[0]:entry.end - section[0]])
+        return self._decode(file.rel, entry, self._get(file.rel, entry))
+
+    def _get(self, rel: str, entry: Entry) -> bytes:
+        try:
+            return self.store.get(rel, entry.begin, entry.end)
+        except FileNotFoundError:
+            self._skip(rel, "missing: it was there when the run was opened")
+            raise RunDamaged(f"{self.url}/{rel} is missing: it was there when the run was opened (or its "
+                             "index names it) and holds data asked for.") from None
+
+    def _decode(self, rel: str, entry: Entry, data: bytes):
+        """The entry's values, its checksum verified: RunDamaged, naming the file, where they do not match."""
+        try:
+            return entry.decode(data)
+        except ShardFormatError as exc:
+            self._skip(rel, f"damaged: {exc}")
+            raise RunDamaged(f"{self.url}/{rel} is damaged: {exc}. What it holds cannot be read; the rest of "
+                             "the run can (run.skipped lists every damaged file found).") from None
 
     # -- View primitives ------------------------------------------------------------------------------------------
     def _series(self, name, reduction, mode, worker):
@@ -297,7 +414,10 @@ class Run(View):
 
     def _value(self, name, step, mode, worker):
         rel, entry = self._tensor_loc[(worker, mode, name)][step]
-        return entry.decode(self.store.get(rel, entry.begin, entry.end)).copy()
+        if rel in self.skipped:  # a file found damaged is skipped whole, also where its index points into it
+            raise RunDamaged(f"{self.url}/{rel} is damaged ({self.skipped[rel]}); {name} at step {step} was stored "
+                             "there. The rest of the run can be read (run.skipped lists every damaged file found).")
+        return self._decode(rel, entry, self._get(rel, entry)).copy()
 
 
 STATUS_RE = re.compile(r"\d{5}\.json")

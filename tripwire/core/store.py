@@ -22,7 +22,13 @@ import socket
 import time
 import uuid
 
-FORMAT_VERSION = 1
+from .shardfile import crc_of
+
+# 2: every header, data entry and JSON object carries a crc32 (docs/format.md); runs of format 1 still open
+FORMAT_VERSION = 2
+CHECKSUMMED_SINCE = 2
+CRC_KEY = "crc32"
+FINAL_STATES = ("finished", "stopped", "failed")  # the states a writer closes a run in
 MANIFEST = "run.json"
 SHARD_RE = re.compile(r"^(\d{5})-(\d{8})\.safetensors$")
 INDEX_RE = re.compile(r"^(\d{5})-(\d{8})\.safetensors$")
@@ -41,9 +47,48 @@ def status_name(worker: int) -> str:
     return f"status/{worker:05d}.json"
 
 
-def verdict_name(worker: int, step: int, rule: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", rule)[:64] or "rule"
-    return f"verdicts/{worker:05d}-{step:012d}-{safe}-{uuid.uuid4().hex[:8]}.json"
+def verdict_name(verdict) -> str:
+    """verdicts/<worker>-<step>-<rule>-<key>.json: the key says what the verdict is about, so whoever finds it
+    again (a restarted watcher, a watcher over a finished run) finds its name taken and stores nothing."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", verdict.rule)[:64] or "rule"
+    return f"verdicts/{verdict.worker:05d}-{verdict.step:012d}-{safe}-{verdict.key}.json"
+
+
+def verdict_key_of(name: str) -> str | None:
+    """The key a verdict's file name ends with (None for a name of another form)."""
+    stem = name[:-5] if name.endswith(".json") else ""
+    key = stem.rsplit("-", 1)[-1]
+    return key if len(key) == 12 and all(c in "0123456789abcdef" for c in key) else None
+
+
+class DamagedObject(ValueError):
+    """An object of the run whose checksum does not match what it holds: it was changed after it was written."""
+
+
+def _canonical(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sealed_json(obj) -> bytes:
+    """A JSON object as stored: a mapping carries the crc32 of its canonical form under CRC_KEY."""
+    if isinstance(obj, dict):
+        obj = {**{k: v for k, v in obj.items() if k != CRC_KEY}, CRC_KEY: None}
+        obj[CRC_KEY] = crc_of(_canonical({k: v for k, v in obj.items() if k != CRC_KEY}))
+    return json.dumps(obj, indent=1, allow_nan=False).encode()
+
+
+def opened_json(data: bytes, required: bool = False):
+    """A stored JSON object, its checksum verified where it has one (and, with `required`, where it must):
+    DamagedObject if it does not match; ValueError if it is not JSON."""
+    obj = json.loads(data)
+    if isinstance(obj, dict) and CRC_KEY in obj:
+        obj = dict(obj)
+        claimed = obj.pop(CRC_KEY)
+        if claimed != crc_of(_canonical(obj)):
+            raise DamagedObject(f"checksum {claimed!r:.20} does not match what it holds")
+    elif required:
+        raise DamagedObject("it carries no checksum, which its run's format requires")
+    return obj
 
 
 class Store:
@@ -57,6 +102,20 @@ class Store:
         self.root = root.rstrip("/")
         self.local = "file" in _protocols(self.fs)
         self._made: set[str] = set()
+        self._inside: set[str] = set()  # local paths found to lie inside the run's folder
+
+    def _confined(self, path: str) -> str:
+        """A local path, if it lies inside the run's folder once symlinks are resolved: a run never makes tripwire
+        read or write outside it (a crafted run's `watcher/` linked to elsewhere). PermissionError otherwise."""
+        if not self.local or path in self._inside:
+            return path
+        root = os.path.realpath(self.root)
+        real = os.path.realpath(path)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise PermissionError(f"{path} leads out of the run's folder {self.root} (a symbolic link); tripwire "
+                                  "does not follow it.")
+        self._inside.add(path)
+        return path
 
     def path(self, rel: str) -> str:
         return f"{self.root}/{rel}"
@@ -71,6 +130,7 @@ class Store:
         path = self.path(rel)
         folder = path.rsplit("/", 1)[0]
         if folder not in self._made:
+            self._confined(folder)  # before it is made: a link in the way would have it made elsewhere
             self.fs.makedirs(folder, exist_ok=True)
             self._made.add(folder)
         if self.local:
@@ -89,14 +149,37 @@ class Store:
         else:  # one PUT of one bytes object; bytes handed in whole are not copied again
             self.fs.pipe_file(path, data if isinstance(data, bytes) else b"".join(chunks))
 
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write an object only where none is: False if one is there. Exclusive on a local disk (the object is
+        linked into place, which fails where another writer got there first); elsewhere a look, then a PUT."""
+        if not self.local:
+            if self.exists(rel):
+                return False
+            self.put(rel, data)
+            return True
+        path = self.path(rel)
+        folder = path.rsplit("/", 1)[0]
+        os.makedirs(self._confined(folder), exist_ok=True)
+        temp = f"{folder}/{TEMP_PREFIX}{uuid.uuid4().hex}"
+        with open(temp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(temp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+
     def get(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
-        return self.fs.cat_file(self.path(rel), start=start, end=end)
+        return self.fs.cat_file(self._confined(self.path(rel)), start=start, end=end)
 
     def put_json(self, rel: str, obj) -> None:
-        self.put(rel, json.dumps(obj, indent=1, allow_nan=False).encode())
+        self.put(rel, sealed_json(obj))
 
-    def get_json(self, rel: str):
-        return json.loads(self.get(rel))
+    def get_json(self, rel: str, required: bool = False):
+        """The object, its checksum verified (see `opened_json`)."""
+        return opened_json(self.get(rel), required)
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
@@ -104,6 +187,8 @@ class Store:
     def list(self, folder: str) -> dict[str, int]:
         """{name: size} of the objects in a folder of the run (fresh, not from a listing cache)."""
         path = self.path(folder)
+        if self.local and os.path.lexists(path):
+            self._confined(path)
         self.fs.invalidate_cache(path)
         try:
             entries = self.fs.ls(path, detail=True)
@@ -151,34 +236,62 @@ def output_url(template: str, run_id: str) -> str:
     return template.replace("{run_id}", run_id)
 
 
+def check_run_url(url: str) -> str:
+    """The URL, if it names a folder a run can own: not empty, not a filesystem's, bucket's or home's root, not
+    the working directory itself. Raises ValueError saying what to pass instead."""
+    text = str(url).strip()
+    protocol, _, path = text.rpartition("://")
+    bare = path.strip().rstrip("/")
+    local = protocol in ("", "file", "local")
+    named = os.path.abspath(os.path.expanduser(bare)) if local and bare else bare
+    if not bare or bare in (".", "~") or (local and named in (os.path.abspath(os.sep), os.path.expanduser("~"),
+                                                             os.getcwd())) or (not local and "/" not in bare):
+        raise ValueError(f"out_dir {url!r} names no folder of its own for a run: a run writes many files, which "
+                         "would mix with whatever is there. Pass a folder such as 'runs/exp1' (or "
+                         "'s3://bucket/runs/exp1').")
+    return text
+
+
+def count_of(value) -> int:
+    """A count read from a stored object: a positive int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def host_and_pid() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def run_status(statuses: dict[int, dict], now: float | None = None, stale_s: float = 120.0) -> str:
+def run_status(statuses: dict[int, dict], now: float | None = None, stale_s: float = 120.0,
+               finals: dict[int, str] | None = None, created=None) -> str:
     """The run's state from its workers' status objects.
 
     finished / stopped / failed once every worker has closed; running while they write;
     crashed where a worker's process on this host is gone without closing; unknown where
-    a worker elsewhere has not been heard from for `stale_s` seconds.
+    a worker elsewhere has not been heard from for `stale_s` seconds. finals: {worker: state} where the
+    worker's newest index says it closed the run in that state and covers every shard it wrote: a worker
+    whose final status could not be written counts as closed, not crashed. created: the manifest's time; a run
+    claimed less than `stale_s` ago whose writer has not written its first status yet is running.
     """
     statuses = {w: s for w, s in statuses.items() if isinstance(s, dict)}  # foreign objects say nothing
-    if not statuses:
-        return "unknown"
-    states = {s.get("state") for s in statuses.values() if isinstance(s.get("state"), str)}
-    if "failed" in states:
-        return "failed"
-    live = [s for s in statuses.values() if s.get("state") == "running"]
-    if not live:
-        return "stopped" if "stopped" in states else "finished"
     now = time.time() if now is None else now
+    if not statuses:
+        return "running" if now - _number(created) <= stale_s else "unknown"
     here = socket.gethostname()
-    for s in live:
-        if s.get("host") == here and not _alive(s.get("pid")):
-            return "crashed"
-    if any(now - _number(s.get("heartbeat")) > stale_s for s in live):
-        return "unknown"
-    return "running"
+    states = set()
+    for worker, s in statuses.items():
+        state = s.get("state")
+        if state == "running":
+            gone = s.get("host") == here and not _alive(s.get("pid"))
+            stale = now - _number(s.get("heartbeat")) > stale_s
+            if (gone or stale) and worker in (finals or {}):
+                state = finals[worker]
+            elif gone or stale:
+                state = "crashed" if gone else "unknown"
+        states.add(state)
+    for state in ("failed", "crashed", "unknown", "running", "stopped"):
+        if state in states:
+            return state
+    return "finished"
 
 
 def _number(x) -> float:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
+
+from .naming import MODE_RE
 
 STATUSES = ("fired", "no_data", "error")
 # How bad a fired verdict is. error: the run is broken (NaN, every unit dead, nothing learns); warning: likely a
@@ -48,6 +52,13 @@ class Verdict:
         """A fired warning or error: what `tripwire check` exits 1 on (an info verdict is only worth a look)."""
         return self.fired and self.severity in ("error", "warning")
 
+    @property
+    def key(self) -> str:
+        """What the verdict is about (rule, finding, severity, status, mode, worker), as 12 hex digits: a rule
+        reports each once, so one key is one verdict however often, and by whom, it is found again."""
+        about = json.dumps([self.rule, self.finding, self.severity, self.status, self.mode, self.worker])
+        return hashlib.sha1(about.encode()).hexdigest()[:12]
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["evidence"] = jsonable(self.evidence)
@@ -64,6 +75,9 @@ class Verdict:
                 raise TypeError(f"verdict field {key!r} is {known[key]!r:.60}, not {types[0].__name__}")
         if known.get("status", "fired") not in STATUSES:
             raise ValueError(f"verdict status {known['status']!r:.60} is not one of {', '.join(STATUSES)}")
+        if "mode" in known and not MODE_RE.fullmatch(known["mode"]) or known.get("worker", 0) < 0:
+            raise ValueError(f"verdict mode {known.get('mode')!r:.40} or worker {known.get('worker')!r} is not one a "
+                             "run holds")
         if known.get("severity", "warning") not in SEVERITIES:
             raise ValueError(f"verdict severity {known['severity']!r:.60} is not one of {', '.join(SEVERITIES)}")
         return cls(**known)
@@ -78,13 +92,19 @@ class Verdict:
 
 
 def jsonable(value):
-    """Evidence as plain JSON data: numpy scalars to numbers, NaN/Inf to strings, tuples to lists."""
+    """Evidence as plain JSON data, whatever a rule put in it: numpy scalars and arrays to numbers and lists, NaN and
+    ±Inf to strings, tuples and sets to lists, anything else to its text. A verdict is stored whole: its evidence
+    can never make it fail to write (that would read as a storage failure)."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v) for v in value), key=str)
     if hasattr(value, "tolist"):  # numpy scalars and arrays
         return jsonable(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

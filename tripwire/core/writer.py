@@ -3,13 +3,15 @@
 Training hands over `Sample`s with `put()` (O(1); no I/O). The thread writes
 one shard per `flush_every_s` with whatever arrived, with retries and
 backoff. Memory is bounded: bytes accepted but not yet written never exceed
-`max_queue_mb`; past it a sample is dropped (counted) or, with
-`on_full: block`, training waits. On an object store the shard is handed
+`max_queue_mb`; past it a sample's full tensors are left out (the step is
+counted as partial) and its reductions and scalars kept, within
+SCALAR_SLACK more, past which the sample is dropped (counted); with
+`on_full: block` training waits instead. On an object store the shard is handed
 over as one bytes object (one PUT): while it is written that copy replaces
 the samples it holds and is counted instead of them. When storage fails past
 the retries the shard's steps are counted as lost and, per `on_error`, a
 warning is given (`warn`), nothing (`ignore`), or the next `put()` raises
-(`raise`). The lost and dropped counts live in the worker's status object;
+(`raise`). The lost, dropped and partial counts live in the worker's status object;
 a writer that resumes a run starts from the counts stored there.
 """
 
@@ -17,49 +19,40 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from .errors import StorageError
 from .index import Consolidated, write_index
-from .shardfile import encode, entry_ranges
-from .store import FORMAT_VERSION, Store, host_and_pid, shard_name, status_name, verdict_name
+from .sample import Sample, shard_contents
+from .shardfile import MAX_HEADER, encode
+from .store import SHARD_RE, Store, count_of, host_and_pid, sealed_json, shard_name, status_name, verdict_key_of, \
+    verdict_name
 
 log = logging.getLogger("tripwire")
 
 RETRY_DELAYS_S = (0.2, 1.0, 3.0)
+SCALAR_SLACK = 1 << 20  # past max_queue_mb, what samples of reductions and scalars alone may still take
 STATUS_EVERY_S = 5.0
 FLUSH_BYTES = 64 << 20  # flush early when this much is buffered
 
 
-@dataclass
-class Sample:
-    """Everything captured at one (step, mode) of one worker."""
-
-    step: int
-    mode: str
-    values: dict  # tensor name -> {reduction: float}
-    tensors: dict = field(default_factory=dict)  # tensor name -> np.ndarray (full values)
-
-    @property
-    def nbytes(self) -> int:
-        return 64 + 16 * sum(len(r) for r in self.values.values()) + sum(a.nbytes for a in self.tensors.values())
-
-
 class Writer:
-    def __init__(self, store: Store, worker: int, config, *, first_seq: int = 0, poll=None, poll_s: float = 0.25,
+    def __init__(self, store: Store, worker: int, config, *, opening=None, poll=None, poll_s: float = 0.25,
                  status: dict | None = None):
+        """opening: called first on the writer's thread, returns the Store to write to (the recorder claims the
+        run's folder there): storage that is slow, failing or missing at the start never holds training up."""
         self.store, self.worker, self.config = store, worker, config
-        self.seq = first_seq
-        self._kept = Consolidated(worker, first_seq)  # what the index at close is written from
+        self._opening = opening
+        self.opened = threading.Event()  # the run's folder is claimed and the writer knows where its shards go
+        self.tried = threading.Event()  # the first attempt to open ended, either way
+        self.seq = 0
+        self._kept: Consolidated | None = None  # what the index at close is written from
+        self._verdict_keys: set[str] = set()  # the verdicts the run holds (Verdict.key): each is stored once
         self.shards_written = 0
-        previous = self._previous_status(store, worker)  # a resumed run keeps counting where it left off
-        self.dropped_steps = _count(previous.get("dropped_steps"))
-        self.lost_steps = _count(previous.get("lost_steps"))
+        self.dropped_steps = self.lost_steps = self.partial_steps = 0
         self.error: BaseException | None = None
         self.last_step: int | None = None
         self.alive_at: float | None = None  # when the training process last reported a step (Recorder.alive)
@@ -70,64 +63,146 @@ class Writer:
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
-        self._warned_full = False
+        self._warned_full = self._warned_partial = False
         self._failing = False
-        self._lost_before_failing = self.lost_steps
-        self._write_status()
+        self._lost_before_failing = 0
         self._thread = threading.Thread(target=self._loop, name=f"tripwire-writer-{worker}", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _previous_status(store: Store, worker: int) -> dict:
+    def _open(self) -> bool:
+        """Writer thread, before anything is written: claim the run's folder, continue the numbering and the counts
+        of an earlier writer of this worker (a resumed run), write the first status. Retried while storage does not
+        answer (samples wait in the queue, within its bound); False if the writer closed first."""
+        delays = itertools.chain(RETRY_DELAYS_S, itertools.repeat(RETRY_DELAYS_S[-1]))
+        warned = False
+        while not self._closing:
+            try:
+                if self._opening is not None:
+                    self.store = self._opening()
+                    self._opening = None
+                self.seq = 1 + max((int(m.group(2)) for m in map(SHARD_RE.match, self.store.list("shards"))
+                                    if m and int(m.group(1)) == self.worker), default=-1)
+                previous = self._previous_status()
+                self.dropped_steps += count_of(previous.get("dropped_steps"))
+                self.partial_steps += count_of(previous.get("partial_steps"))
+                self.lost_steps += count_of(previous.get("lost_steps"))
+                self._lost_before_failing = self.lost_steps
+                self._kept = Consolidated(self.worker, self.seq)
+                self._verdict_keys = {key for key in map(verdict_key_of, self.store.list("verdicts")) if key}
+                self._write_status(strict=True)
+            except Exception as exc:  # noqa: BLE001 - storage that is missing, read-only or down at the start
+                if not warned:
+                    warned = True
+                    log.warning("tripwire: cannot open the run at %s (%s: %s); training goes on, and what it "
+                                "captures waits (within writer.max_queue_mb) until storage answers.", self.store.url,
+                                type(exc).__name__, exc)
+                self.error = exc
+                self.tried.set()
+                with self._cond:
+                    self._cond.wait(next(delays))
+                continue
+            if warned:
+                log.warning("tripwire: the run at %s is open now.", self.store.url)
+            self.error = None
+            self.opened.set()
+            self.tried.set()
+            return True
+        return False
+
+    def _previous_status(self) -> dict:
         try:
-            previous = store.get_json(status_name(worker))
+            previous = self.store.get_json(status_name(self.worker))
         except FileNotFoundError:
             return {}
-        except Exception as exc:  # noqa: BLE001 - unreadable or storage down: count from zero, and say so
+        except ValueError as exc:  # unreadable: count from zero, and say so
             log.warning("tripwire: could not read the stored status of worker %d (%s); lost and dropped step "
-                        "counts start from zero.", worker, exc)
+                        "counts start from zero.", self.worker, exc)
             return {}
         return previous if isinstance(previous, dict) else {}
 
     # -- training thread ------------------------------------------------------------------------------------------
+    def room(self) -> int:
+        """Bytes of full tensors the queue can take now (all of it under `on_full: block`, where put waits)."""
+        return self._limit if self.config.on_full == "block" else max(0, self._limit - self._pending)
+
     def put(self, sample: Sample) -> bool:
-        """Queue a sample; False if it was dropped because the queue is full."""
+        """Queue a sample. Where it does not fit, its full tensors are left out and its reductions and scalars
+        (a loss, a learning rate) are kept, within SCALAR_SLACK past the bound; False only if even those were
+        dropped. Under `on_full: block` training waits instead, for a sample that can ever fit."""
         self._raise_if_failed()
-        size = sample.nbytes
         with self._cond:
-            while self._pending + size > self._limit:
-                if self.config.on_full == "drop" or size > self._limit or self._closing:
+            while self._pending + sample.nbytes > self._limit:
+                if self.config.on_full == "block" and sample.nbytes <= self._limit and not self._closing:
+                    self._cond.wait(0.05)
+                elif sample.tensors:
+                    self._leave_out(sample.step, {n: a.nbytes for n, a in sample.tensors.items()})
+                    sample.tensors = {}
+                elif self._pending + sample.nbytes <= self._limit + SCALAR_SLACK:
+                    break
+                else:
                     self.dropped_steps += 1
                     if not self._warned_full:
                         self._warned_full = True
-                        log.warning("tripwire: the writer queue is full (writer.max_queue_mb=%s): storage is slower "
-                                    "than capture, so samples are dropped (counted in the run status). Sample less "
-                                    "often, capture reductions instead of full tensors, or raise max_queue_mb.",
-                                    self.config.max_queue_mb)
+                        log.warning("tripwire: the writer queue is full (writer.max_queue_mb=%s) because %s, so "
+                                    "whole samples are dropped now, their scalars too (counted in the run status "
+                                    "as dropped_steps). %s", self.config.max_queue_mb, self._why_full(),
+                                    self._fix_full())
                     return False
-                self._cond.wait(0.05)
-            self._pending += size
+            self._pending += sample.nbytes
             self._queue.append(sample)
             if self._pending >= FLUSH_BYTES:
                 self._cond.notify()
         return True
+
+    def left_out(self, step: int, tensors: dict[str, int]) -> None:
+        """A plugin did not copy these full tensors ({name: bytes}) of a step: they did not fit (TensorBudget)."""
+        with self._cond:
+            self._leave_out(step, tensors)
+
+    def _leave_out(self, step: int, tensors: dict[str, int]) -> None:
+        self.partial_steps += 1
+        if not self._warned_partial:
+            self._warned_partial = True
+            log.warning("tripwire: %d full tensors of step %d (%.1f MiB, e.g. %s) do not fit in the writer queue "
+                        "(writer.max_queue_mb=%s) because %s; they are not stored, the step's reductions and "
+                        "scalars are (counted in the run status as partial_steps). %s", len(tensors), step,
+                        sum(tensors.values()) / (1 << 20), next(iter(tensors)), self.config.max_queue_mb,
+                        self._why_full(sum(tensors.values())), self._fix_full())
+
+    def _why_full(self, nbytes: int = 0) -> str:
+        if not self.opened.is_set():
+            return "storage has not answered since training started"
+        if nbytes > self._limit:
+            return "one step's full tensors are more than the whole queue"
+        return "storage is slower than capture"
+
+    @staticmethod
+    def _fix_full() -> str:
+        return ("Raise writer.max_queue_mb, save fewer full tensors (`save: tensors` of a collection), or sample "
+                "less often.")
 
     def put_verdict(self, verdict) -> None:
         with self._cond:
             self._queue.append(verdict)
             self._cond.notify()
 
-    def close(self, state: str = "finished", timeout: float = 120.0) -> None:
-        """Write what is queued, the final status and (via `on_closed`) the index; then stop the thread."""
+    def close(self, state: str = "finished") -> bool:
+        """Write what is queued, the index and the final status; then stop the thread. Waits at most
+        `writer.close_timeout_s` for storage: True if everything was handed over in time."""
         with self._cond:
             self._closing = True
             self._status["state"] = state
             self._cond.notify()
+        timeout = self.config.close_timeout_s
         self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("tripwire: the writer did not finish within %ss; what it had not written is lost.", timeout)
+        done = not self._thread.is_alive()
+        if not done:
+            log.warning("tripwire: storage at %s did not take the last of the run within %gs "
+                        "(writer.close_timeout_s); the process goes on without it, and what was not written is lost.",
+                        self.store.url, timeout)
         if state != "failed":  # training already failed: do not mask its exception
             self._raise_if_failed()
+        return done
 
     def _raise_if_failed(self) -> None:
         if self.error is not None and self.config.on_error == "raise":
@@ -140,6 +215,9 @@ class Writer:
 
     # -- writer thread --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if not self._open():
+            self._give_up()
+            return
         buffer: list[Sample] = []
         buffered = 0
         next_flush = time.monotonic() + self.config.flush_every_s
@@ -157,9 +235,8 @@ class Writer:
                     buffer.append(item)
                     buffered += item.nbytes
                     self._status["last_data"] = time.time()
-                else:
-                    self._attempt(f"verdict at step {item.step}", lambda v=item: self.store.put_json(
-                        verdict_name(v.worker, v.step, v.rule), v.to_dict()))
+                elif item.key not in self._verdict_keys:
+                    self._attempt(f"verdict at step {item.step}", functools.partial(self._store_verdict, item))
             items = item = None  # only the buffer holds the samples now, so a flush can let them go
             now = time.monotonic()
             if buffer and (closing or now >= next_flush or buffered >= FLUSH_BYTES):
@@ -194,7 +271,14 @@ class Writer:
         try:
             entries, meta = shard_contents(samples, self.worker, self.seq)
             data = encode(entries, meta)
-            summary = Consolidated.summary(rel, meta, entries, entry_ranges(data, entries))
+            if len(data[0]) > 8 + MAX_HEADER and len(samples) > 1:  # more than a reader accepts: two shards
+                del entries, meta, data
+                half = len(samples) // 2
+                first = sum(s.nbytes for s in samples[:half])
+                self._flush(samples[:half], first)
+                self._flush(samples[half:], nbytes - first)
+                return
+            summary = Consolidated.summary(rel, meta, entries, data)
             del entries  # the chunks hold what is written; the samples' arrays go with them
             if not self.store.local:
                 # An object store takes one PUT of one bytes object: a full copy of the shard. Let the samples
@@ -250,59 +334,55 @@ class Writer:
         self._failing = True
         return False
 
-    def _write_status(self) -> None:
+    def _give_up(self) -> None:
+        """The writer closed before the run could be opened: what it held is lost, and counted."""
+        with self._cond:
+            lost = sum(1 for item in self._queue if isinstance(item, Sample))
+            self._queue.clear()
+            self._pending = 0
+        self.lost_steps += lost
+        log.warning("tripwire: the run at %s could not be opened before training ended (%s); the %d samples "
+                    "captured are lost.", self.store.url, self.error, lost)
+
+    def _write_status(self, strict: bool = False) -> None:
         self._status.update(heartbeat=time.time(), last_step=self.last_step, shards=self.seq,
-                            lost_steps=self.lost_steps, dropped_steps=self.dropped_steps)
+                            lost_steps=self.lost_steps, dropped_steps=self.dropped_steps,
+                            partial_steps=self.partial_steps)
         if self.alive_at is not None:  # a step ran since: progress for the side process's clock rules
             self._status["last_data"] = max(self._status.get("last_data") or 0.0, self.alive_at)
         try:
             self.store.put_json(status_name(self.worker), self._status)
         except Exception as exc:  # noqa: BLE001 - status is refreshed on the next beat
+            if strict:
+                raise
             log.debug("tripwire: status write failed: %s", exc)
 
+    def _store_verdict(self, verdict) -> None:
+        self.store.create(verdict_name(verdict), sealed_json(verdict.to_dict()))  # found again: stored once
+        self._verdict_keys.add(verdict.key)
+
     def _on_close(self) -> None:
-        if self.seq > 1:
+        """The index (which also marks the state the run closed in) and the final status, each retried: a run
+        that closed cleanly must never read as crashed because of one failed write."""
+        state = self._status["state"]
+        for delay in (*RETRY_DELAYS_S, None):
             try:
-                write_index(self.store, self.worker, self.seq - 1, self._kept)
+                if self.seq > 0:
+                    write_index(self.store, self.worker, self.seq - 1, self._kept, final=state)
+                break
             except Exception as exc:  # noqa: BLE001 - the shards stay readable without the index
-                log.warning("tripwire: could not write the run index (%s); the run reads from its shards.", exc)
-        self._write_status()
-
-
-def _count(value) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def shard_contents(samples: list[Sample], worker: int, seq: int) -> tuple[dict, dict]:
-    """The shard's entries and metadata: steps per mode, one column per series, then the full tensors."""
-    rows: dict[str, set] = collections.defaultdict(set)
-    series: dict[tuple, tuple[list, list]] = {}
-    tensors = []
-    for s in samples:
-        rows[s.mode].add(s.step)
-        for name, reductions in s.values.items():
-            for reduction, value in reductions.items():
-                steps, values = series.setdefault((s.mode, name, reduction), ([], []))
-                steps.append(s.step)
-                values.append(value)
-        for name, array in s.tensors.items():
-            tensors.append((s.mode, name, s.step, array))
-    entries: dict[str, np.ndarray] = {}
-    meta: dict = {"format_version": FORMAT_VERSION, "kind": "shard", "worker": worker, "seq": seq,
-                  "rows": {m: len(v) for m, v in rows.items()}, "steps": {}, "series": [], "tensors": []}
-    for i, (mode, steps) in enumerate(sorted(rows.items())):
-        entries[f"m{i}"] = np.array(sorted(steps), dtype=np.int64)
-        meta["steps"][mode] = f"m{i}"
-    step_entries: dict[tuple, str] = {}
-    for i, ((mode, name, reduction), (steps, values)) in enumerate(series.items()):
-        key = tuple(steps)
-        if key not in step_entries:
-            step_entries[key] = f"s{len(step_entries)}"
-            entries[step_entries[key]] = np.array(steps, dtype=np.int64)
-        entries[f"v{i}"] = np.array(values, dtype=np.float64)
-        meta["series"].append([mode, name, reduction, f"v{i}", step_entries[key]])
-    meta["section"] = sum(a.nbytes for a in entries.values())
-    for i, (mode, name, step, array) in enumerate(tensors):
-        entries[f"t{i}"] = array
-        meta["tensors"].append([mode, name, step, f"t{i}"])
-    return entries, meta
+                if delay is None:
+                    log.warning("tripwire: could not write the run index (%s); the run reads from its shards.",
+                                exc)
+                else:
+                    time.sleep(delay)
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                self._write_status(strict=True)
+                return
+            except Exception as exc:  # noqa: BLE001 - reported; the index's mark says how the run closed
+                if delay is None:
+                    log.warning("tripwire: could not write the final status of worker %d (%s: %s).", self.worker,
+                                type(exc).__name__, exc)
+                else:
+                    time.sleep(delay)

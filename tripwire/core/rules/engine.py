@@ -6,27 +6,32 @@ findings once per worker (a finding names what the verdict is about: the
 tensor, the side of the threshold, the severity), so a first verdict does
 not silence a later, different one (NaN after a huge update), and a
 condition that keeps holding is not reported at every step; a rule reports
-at most MAX_FINDINGS findings per worker. A rule that raises
-gives one `error` verdict and is disabled for the rest of the run; training
-goes on. An outage of the store (`StoreUnavailable`) is not the rule's fault:
-it propagates to `tripwire watch`, which retries. At the end, a rule that
-never saw the data it requires gives a `no_data` verdict instead of passing
-silently.
+at most MAX_FINDINGS findings per worker. A rule that raises anything
+(SystemExit and KeyboardInterrupt from its code included) gives one `error`
+verdict and is disabled for the rest of the run; so does, in the training
+process, a rule whose evaluations take more than `budget` of the time
+training has run, once they took a second (a slow custom rule must not slow
+training down unseen): training goes on. An outage of the store (`StoreUnavailable`) is not the
+rule's fault: it propagates to `tripwire watch`, which retries. At the end, a
+rule that never saw the data it requires gives a `no_data` verdict instead of
+passing silently.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from dataclasses import replace
 
-from ..errors import StoreUnavailable
+from ..errors import RunDamaged, StoreUnavailable
 from ..naming import collection_of
 from ..verdict import Verdict
 from .base import NotApplicable
 
 log = logging.getLogger("tripwire")
 MAX_FINDINGS = 20  # per rule and worker
+BUDGET_FLOOR_S = 1.0  # a rule that has cost less than this in all has slowed no training down
 
 
 class _Slot:
@@ -38,6 +43,8 @@ class _Slot:
         self.not_applicable: dict[int, str] = {}  # worker -> why the data was not the rule's kind
         self.failed = False
         self.evaluated = False
+        self.seconds = 0.0  # spent in its evaluations
+        self.evaluations = 0
 
     def done(self, worker: int) -> bool:
         """Disabled, or out of findings to report for this worker."""
@@ -45,9 +52,12 @@ class _Slot:
 
 
 class RuleEngine:
-    def __init__(self, specs, source: str = "in_process"):
+    def __init__(self, specs, source: str = "in_process", budget: float | None = None):
+        """budget: the share of the time since the engine started that one rule's evaluations may take (None: no
+        limit, as in `tripwire check` and `watch`, where no training waits for them)."""
         self.slots = [_Slot(spec) for spec in specs]
-        self.source = source
+        self.source, self.budget = source, budget
+        self.started = time.perf_counter()
 
     @property
     def history(self) -> int:
@@ -58,6 +68,12 @@ class RuleEngine:
     def tensor_history(self) -> int:
         needs = [s.rule.history for s in self.slots if any(r.save_tensors for r in s.rule.requires())]
         return max(needs + [1])
+
+    @property
+    def tensor_collections(self) -> set[str] | None:
+        """The collections whose full values a rule reads (the history keeps no others); None: any."""
+        needed = {r.collection for s in self.slots for r in s.rule.requires() if r.save_tensors}
+        return None if "*" in needed else needed
 
     def evaluate(self, view, step: int, mode: str, worker: int, captured: set | None = None) -> list[Verdict]:
         """New verdicts at this step (fired or error).
@@ -86,21 +102,30 @@ class RuleEngine:
 
     def _run(self, slot, check, step, mode, worker, out) -> None:
         slot.evaluated = True
+        began = time.perf_counter()
         try:
             verdict = check()
-        except StoreUnavailable:  # the store did not answer: the rule is not at fault; the watcher retries
+        except (StoreUnavailable, RunDamaged):  # not the rule's fault: the watcher retries, check names the file
             raise
         except NotApplicable as why:
             slot.not_applicable[worker] = str(why)
             return
-        except Exception as exc:  # noqa: BLE001 - a failing rule must never stop training
+        except BaseException as exc:  # noqa: BLE001 - a failing rule must never stop training, whatever it raises
             slot.failed = True
-            out.append(Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error",
-                               source=self.source,
-                               message=f"the rule raised {type(exc).__name__}: {exc}; it is disabled for the "
-                                       "rest of the run.",
-                               evidence={"traceback": traceback.format_exc(limit=5)}))
+            out.append(self._failed(slot, step, mode, worker, f"the rule raised {type(exc).__name__}: {exc}",
+                                    traceback=traceback.format_exc(limit=5)))
             return
+        finally:
+            slot.seconds += time.perf_counter() - began
+            slot.evaluations += 1
+        if self._over_budget(slot):
+            slot.failed = True
+            elapsed = time.perf_counter() - self.started
+            out.append(self._failed(slot, step, mode, worker, f"its {slot.evaluations} evaluations took "
+                                    f"{slot.seconds:.3g} s ({1000 * slot.seconds / slot.evaluations:.3g} ms each), "
+                                    f"{slot.seconds / elapsed:.0%} of the {elapsed:.3g} s training has run; the "
+                                    f"budget is {self.budget:.0%} (evaluation.rule_budget)", seconds=slot.seconds,
+                                    evaluations=slot.evaluations))
         reported = slot.findings.setdefault(worker, set())
         for found in ([] if verdict is None else verdict if isinstance(verdict, list) else [verdict]):
             key = (found.finding, found.severity)
@@ -109,6 +134,16 @@ class RuleEngine:
             reported.add(key)
             out.append(replace(found, rule=slot.spec.id, mode=mode, worker=worker, source=self.source,
                                hint=found.hint or slot.rule.hint))
+
+    def _over_budget(self, slot) -> bool:
+        if self.budget is None or slot.seconds < BUDGET_FLOOR_S:
+            return False
+        return slot.seconds > self.budget * (time.perf_counter() - self.started)
+
+    def _failed(self, slot, step, mode, worker, why: str, **evidence) -> Verdict:
+        """The `error` verdict of a rule disabled for the rest of the run."""
+        return Verdict(rule=slot.spec.id, step=step, mode=mode, worker=worker, status="error", source=self.source,
+                       message=f"{why}; it is disabled for the rest of the run.", evidence=evidence)
 
     @property
     def has_idle_rules(self) -> bool:

@@ -41,16 +41,20 @@ class TripwireCallback(keras.callbacks.Callback):
     """Capture, rules and actions for `model.fit`.
 
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
-    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Fitting again with the
-        same callback appends to the same run, as the global step goes on.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Where a run is there already, a
+        new training gets a run of its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
+        Fitting (or evaluating) the trained model again with the same callback appends to its run, as the
+        global step goes on.
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    append: add to the run at out_dir instead.
     """
 
-    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None):
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None, *, append: bool = False):
         super().__init__()
         self.config = load_config(config)
         self.out_dir = out_dir
         self.storage_options = storage_options
+        self.append = append
         self.run_url: str | None = None
         prepare_storage(self.config, out_dir, storage_options)
         self._plan = self.config.plan()
@@ -81,6 +85,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._sampled = ()
         if self._capture is None or not self._capture.serves(model):
             self._capture = StepCapture(model, self._plan, structure)
+            self._capture.budget_of = self._recorder.tensor_budget
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base = int(model.optimizer.iterations)
@@ -91,17 +96,23 @@ class TripwireCallback(keras.callbacks.Callback):
     def _open(self, model, structure=None) -> None:
         """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
         if self._recorder is None:
-            self.run_url = self.run_url or make_run_url(self.config, self.out_dir)
-            self._recorder = Recorder(self.config, run_url=self.run_url, framework="keras",
+            # the model this callback trained goes on (its optimizer counted steps): append to its run
+            goes_on = self.run_url is not None and _steps_taken(model) > 0
+            self._recorder = Recorder(self.config, run_url=self.run_url if goes_on else make_run_url(
+                                          self.config, self.out_dir), framework="keras",
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
                                       info={"keras_backend": keras.backend.backend()},
-                                      model=structure if structure is not None else _built(model))
+                                      model=structure if structure is not None else _built(model),
+                                      append=self.append or goes_on)
             self._recorder.start()
+            self.run_url = self._recorder.run_url
             self._verdicts = self._recorder.verdicts
         self._plan = self._recorder.plan
         self._alive = self._recorder.alive if self._recorder.clock else None
         self._fit_model, self._state = model, "finished"
+        if self._capture is not None:
+            self._capture.budget_of = self._recorder.tensor_budget
 
     def on_epoch_begin(self, epoch, logs=None):
         self._base = int(self._fit_model.optimizer.iterations)
@@ -243,6 +254,12 @@ class TripwireCallback(keras.callbacks.Callback):
                 self._recorder.finish(state)
             finally:
                 self._recorder, self._alive = None, None
+
+
+def _steps_taken(model) -> int:
+    """The optimizer's step count (0 for a model not trained, or without an optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    return int(optimizer.iterations) if optimizer is not None and hasattr(optimizer, "iterations") else 0
 
 
 def _built(model):

@@ -100,6 +100,8 @@ class StepCapture:
         self.active: dict = {}
         self.values: dict = {}
         self.tensors: dict = {}
+        self.budget_of = None  # the recorder's tensor_budget: the room the full tensors of a step are copied within
+        self.budget = None
         self._key: frozenset = frozenset()
         self._everything = frozenset(plan.collections) & IN_STEP
         self._emitting: dict = {}  # the plans of the collections the running capture hands over
@@ -133,6 +135,7 @@ class StepCapture:
         """Prepare a sampled step: swap in the capture function if the step needs anything from inside it."""
         self.active = {c.name: c for c in collections}
         self.values, self.tensors = {}, {}
+        self.budget = self.budget_of() if self.budget_of is not None else None
         needed = frozenset(self.active) & IN_STEP
         self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
         self._kept_loss = self._kept_loss_of() if needed == {"losses"} else None
@@ -364,12 +367,13 @@ class StepCapture:
             reduced = dict(zip(self._reduced_as[name], array.astype(np.float64).tolist()))
             self.values[name] = {r: reduced[r] for r in plan.reductions if r in reduced}
         elif what == "tensor":
-            self.tensors[name] = np.array(array)
+            if self.budget is None or self.budget.take(name, array.nbytes):
+                self.tensors[name] = np.array(array)
         elif plan.name in SCALAR_COLLECTIONS:
             self.values[name] = {"value": float(array.reshape(-1)[0])}
         else:
             self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""))
-            if plan.save_tensors:
+            if plan.save_tensors and (self.budget is None or self.budget.take(name, array.nbytes)):
                 self.tensors[name] = np.array(array)  # a copy: parameters change in place
 
     def seen(self, hook: str) -> None:

@@ -51,8 +51,11 @@ class TripwireCallback(*_callback_bases()):
     """Capture, rules and actions for a Lightning Trainer.
 
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
-    out_dir: the run's URL (any fsspec URL); overrides `output` in the config.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Where a run is there already, a
+        new training gets a run of its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    append: add to the run at out_dir instead (a training resumed from a Lightning checkpoint always appends to
+        the run it came from; so does fitting again with the same Trainer and callback).
     """
 
     # Lightning calls a callback's hook only where it is callable (`_call_callback_hooks`), and each call costs
@@ -66,10 +69,11 @@ class TripwireCallback(*_callback_bases()):
     on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
     on_predict_batch_start = on_predict_batch_end = None
 
-    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None):
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None, *, append: bool = False):
         self.config = load_config(config)
         self.out_dir = out_dir
         self.storage_options = storage_options
+        self.append = append
         self.run_url: str | None = None
         prepare_storage(self.config, out_dir, storage_options)
         self._plan = self.config.plan()
@@ -96,24 +100,33 @@ class TripwireCallback(*_callback_bases()):
     def on_train_start(self, trainer, pl_module):
         if self._recorder is not None:
             return
-        url = self._resume_url or make_run_url(self.config, self.out_dir)
-        self.run_url = trainer.strategy.broadcast(url, src=0)
+        # a resumed training (checkpoint, or a fit that goes on with this Trainer) appends to its run
+        goes_on = self.run_url if self.run_url is not None and trainer.global_step > 0 else None
+        append = self.append or bool(self._resume_url or goes_on)
+        url = trainer.strategy.broadcast(self._resume_url or goes_on or make_run_url(self.config, self.out_dir), src=0)
         rank, world = trainer.global_rank, trainer.world_size
         self._state = "finished"
-        if self.config.workers == "all" or rank == 0:
-            import torch
-
-            structure = describe(pl_module, trainer.optimizers)
-            self._recorder = Recorder(self.config, run_url=self.run_url, framework="lightning",
-                                      framework_version=_lightning_version(trainer), worker=rank, world_size=world,
-                                      storage_options=self.storage_options, info={"torch_version": torch.__version__},
-                                      model=structure)
-            self._recorder.start()
-            self._verdicts = self._recorder.verdicts
-            self._capture = TorchCapture(pl_module, self._recorder.plan, structure)
-            self._plan = self._recorder.plan
-            self._alive = self._recorder.alive if self._recorder.clock else None
+        if rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
+            url = self._start(trainer, pl_module, url, append)
+        self.run_url = trainer.strategy.broadcast(url, src=0)
+        if rank != 0 and self.config.workers == "all":
+            self._start(trainer, pl_module, self.run_url, True)
         self._watch(trainer)
+
+    def _start(self, trainer, pl_module, url: str, append: bool) -> str:
+        import torch
+
+        structure = describe(pl_module, trainer.optimizers)
+        self._recorder = Recorder(self.config, run_url=url, framework="lightning",
+                                  framework_version=_lightning_version(trainer), worker=trainer.global_rank,
+                                  world_size=trainer.world_size, storage_options=self.storage_options,
+                                  info={"torch_version": torch.__version__}, model=structure, append=append)
+        self._recorder.start()
+        self._verdicts = self._recorder.verdicts
+        self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget)
+        self._plan = self._recorder.plan
+        self._alive = self._recorder.alive if self._recorder.clock else None
+        return self._recorder.run_url
 
     def on_exception(self, trainer, pl_module, exception):
         # Lightning runs no teardown hooks after an exception: close the run here

@@ -14,19 +14,26 @@ False after one cached comparison and nothing else runs.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.sampling import CapturePlan
 
-from .reduce import Reductions, host_array
+from .reduce import Reductions, Unsupported, host_array
+
+log = logging.getLogger("tripwire")
 
 PARAM_COLLECTIONS = ("weights", "biases", "gradients", "updates")
 
 
 class TorchCapture:
-    def __init__(self, module: torch.nn.Module, plan: CapturePlan, model: ModelInfo):
+    def __init__(self, module: torch.nn.Module, plan: CapturePlan, model: ModelInfo, budget=None):
+        """budget: called as a sampled step begins, gives the TensorBudget its full tensors are copied within."""
         self.module, self.plan, self.model = module, plan, model
+        self._new_budget = budget
+        self._budget = None
         self.active: dict = {}
         self.step, self.mode = None, None
         self._hooks: list = []
@@ -36,6 +43,7 @@ class TorchCapture:
         self._taken: set = set()  # parameters whose weights (and gradients) this sample holds
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
         self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
+        self._unread: set = set()  # names of tensors that could not be read (said once each)
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -46,6 +54,7 @@ class TorchCapture:
         self.active = {c.name: c for c in collections}
         self.mode, self.step = mode, step
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
+        self._budget = self._new_budget() if self._new_budget is not None else None
         activations = self.active.get("activations")
         if activations is not None and mode == "train":
             self._hook_activations(activations)
@@ -78,8 +87,8 @@ class TorchCapture:
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
                 if path not in self._taken:
                     self.take(parameter_collection(info.role, path), path, param, info.layer_class)
-        for path, (param, before) in self._before.items():
-            self.take("updates", path, param.detach() - before)
+        for path, (param, before) in self._before.items():  # into the copy: an update costs no memory of its own
+            self.take("updates", path, torch.sub(param.detach(), before, out=before))
         if "losses" in self.active and loss is not None:
             self._reductions.add_scalar("losses/train", loss)
         if "optimizer" in self.active:
@@ -115,9 +124,15 @@ class TorchCapture:
         if plan is None or not plan.selects(path, kind) or not isinstance(tensor, torch.Tensor):
             return
         name = f"{collection}/{path}" if path else collection
-        self._reductions.add(name, tensor, plan.reductions, kind)
-        if plan.save_tensors:
-            self._tensors[name] = host_array(tensor)
+        try:
+            self._reductions.add(name, tensor, plan.reductions, kind)
+            if plan.save_tensors and (self._budget is None or self._budget.take(name, _nbytes(tensor))):
+                self._tensors[name] = host_array(tensor)
+        except Exception as exc:  # noqa: BLE001 - a tensor tripwire cannot read must not stop training
+            if name not in self._unread:
+                self._unread.add(name)
+                log.warning("tripwire: %s (a %s tensor of %s) is not captured: %s.", name, tensor.layout,
+                            tensor.dtype, exc if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {exc}")
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all
@@ -172,3 +187,11 @@ def optimizer_state(optimizers) -> dict[str, float]:
             if isinstance(betas, (tuple, list)) and betas:
                 out[f"beta1{suffix}"] = betas[0]
     return out
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    """The bytes a tensor's host copy takes (as dense); 0 where a tensor cannot say (nested, meta)."""
+    try:
+        return tensor.numel() * tensor.element_size()
+    except (RuntimeError, NotImplementedError):
+        return 0

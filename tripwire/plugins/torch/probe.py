@@ -36,7 +36,7 @@ import torch
 
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
-from tripwire.core.recorder import Recorder, make_run_url
+from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import TorchCapture
 from .reduce import Reductions
@@ -51,24 +51,27 @@ class TripwireProbe:
     model: the torch.nn.Module being trained (its `named_parameters()` paths name the tensors).
     optimizer: a torch.optim.Optimizer, or a list of them.
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
-    out_dir: the run's URL (any fsspec URL); overrides `output` in the config.
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Where a run is there already, this
+        training gets a run of its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    append: add to the run at out_dir instead (a loop resumed from its own checkpoint).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, config=None, out_dir=None,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, *, append: bool = False):
         self.model = model
         self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self.config = load_config(config)
-        self.run_url = make_run_url(self.config, out_dir)
+        prepare_storage(self.config, out_dir, storage_options)
         self.global_step = 0
         self.should_stop = False
         structure = describe(model, self.optimizers)
-        self._recorder = Recorder(self.config, run_url=self.run_url, framework="torch",
+        self._recorder = Recorder(self.config, run_url=make_run_url(self.config, out_dir), framework="torch",
                                   framework_version=f"torch {torch.__version__}", storage_options=storage_options,
-                                  info={"torch_version": torch.__version__}, model=structure)
+                                  info={"torch_version": torch.__version__}, model=structure, append=append)
         self._recorder.start()
-        self._capture = TorchCapture(model, self._recorder.plan, structure)
+        self.run_url = self._recorder.run_url
+        self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
         self._begun = False  # a forward pass (or step()) began the current step
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]

@@ -4,6 +4,14 @@ CPU tensors are reduced by tripwire.core.reductions through a zero-copy
 numpy view. Tensors on an accelerator are reduced there with torch ops
 following the same definitions; the results stay on the device until the
 step's single transfer to the host (`Reductions.to_host`).
+
+Every kind of tensor a framework hands over is taken in a form that applies
+(`plain`): a quantized tensor dequantized, float8 and integers as float32, a
+complex one as its magnitudes, a nested one as its components end to end, a
+DTensor as this rank's shard; a sparse tensor by its stored values, for the
+reductions that do not depend on the zeros it leaves out (its norm, its
+largest value, its count of zeros). A tensor without data (on the meta
+device) cannot be reduced: `Unsupported` says why, and the caller skips it.
 """
 
 from __future__ import annotations
@@ -15,14 +23,47 @@ from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS, applicable
 from tripwire.core.reductions import reduce as reduce_numpy
 
 _FLOAT_HOST = (torch.float32, torch.float64)
+# What a sparse tensor's stored values give as they would be over the dense tensor (its zeros add nothing).
+SPARSE_REDUCTIONS = ("sum", "l1", "l2", "abs_max", "nonfinite_count")
+
+
+class Unsupported(TypeError):
+    """A tensor tripwire cannot read (no data on the meta device, a layout it does not know): skipped, said once."""
+
+
+def plain(t: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    """The tensor as a dense, real, strided one of float32 or float64 (integers, float8 and the like as float32),
+    detached. A sparse tensor is made dense only where `dense` asks (its full values were asked for): its
+    reductions are taken from its values (`Reductions.add`)."""
+    t = t.detach()
+    if dense and t.layout != torch.strided and t.layout != torch.jagged:
+        t = t.to_dense()
+    if getattr(t, "is_meta", False) or t.device.type == "meta":
+        raise Unsupported("it is on the meta device: it has no values")
+    if type(t).__name__ == "DTensor":  # torch.distributed.tensor: this rank's shard, without a collective
+        t = t.to_local()
+    if t.is_nested:
+        t = torch.cat([part.reshape(-1) for part in t.unbind()])
+    if t.is_quantized:
+        t = t.dequantize()
+    if t.layout != torch.strided:
+        raise Unsupported(f"its layout {t.layout} is not one tripwire reads")
+    if t.is_complex():
+        t = t.abs()
+    return t if t.dtype in _FLOAT_HOST else t.float()
+
+
+def _is_plain(t: torch.Tensor) -> bool:
+    """Whether a tensor is already what `plain` makes: the common case, checked in a few attribute reads."""
+    return (t.dtype in _FLOAT_HOST and t.layout == torch.strided and not t.is_quantized and not t.is_nested
+            and t.device.type != "meta" and type(t) in (torch.Tensor, torch.nn.Parameter))
 
 
 def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
     """A numpy array of a tensor's values (a copy by default: parameters change in place)."""
     t = t.detach()
-    if not (t.is_cpu and t.dtype in _FLOAT_HOST):  # the common case asks nothing more
-        if t.dtype in (torch.bfloat16, torch.float16) or t.dtype.is_complex:
-            t = t.float()
+    if not (t.is_cpu and _is_plain(t)):
+        t = plain(t, dense=True)  # the common case asks nothing more
         if not t.is_cpu:
             return t.cpu().numpy()
     return t.numpy().copy() if copy else t.numpy()
@@ -125,6 +166,13 @@ class Reductions:
         self._device: list[tuple[str, tuple, torch.Tensor]] = []
 
     def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "") -> None:
+        """Reduce one tensor (raises Unsupported for one that cannot be read)."""
+        if tensor.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                             torch.sparse_bsc):
+            self._add_sparse(name, tensor.detach(), names)
+            return
+        if not _is_plain(tensor):
+            tensor = plain(tensor)
         names = names if names == ("value",) else applicable(names, tensor.shape, kind)
         if not names:
             return
@@ -137,6 +185,18 @@ class Reductions:
             self._device.append((name, names, tensor.detach().reshape(-1)[:1].float()))
         else:
             self._device.append((name, names, _on_device(tensor, names, kind)))
+
+    def _add_sparse(self, name: str, tensor: torch.Tensor, names: tuple) -> None:
+        """A sparse tensor (an embedding's sparse gradient): the reductions its stored values give as the dense
+        tensor would, and its share of zeros; the others do not apply to it."""
+        values = plain(tensor.coalesce().values() if tensor.layout == torch.sparse_coo else tensor.values())
+        reduced = reduce_numpy(host_array(values), [n for n in names if n in SPARSE_REDUCTIONS])
+        dense = tensor.numel()
+        if "zero_fraction" in names and dense:
+            reduced["zero_fraction"] = 1.0 - int(torch.count_nonzero(values)) / dense
+        if "size" in names:
+            reduced["size"] = float(dense)
+        self.values[name] = reduced
 
     def add_scalar(self, name: str, value) -> None:
         """One number: a Python number, a one-element tensor, or the mean of a tensor of several (a loss per

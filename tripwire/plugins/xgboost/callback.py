@@ -46,21 +46,24 @@ class TripwireCallback(xgb.callback.TrainingCallback):
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
     out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Given, the URL is fixed now
         (`run_url` is known before training, also on a Dask client); otherwise each training gets a fresh run.
+        Where a run is there already, a new training gets a run of its own beside it (out_dir-1, -2, …): the
+        log and, in the training process, `run_url` say which.
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    append: add each training to the run at out_dir instead.
     eval_data: (X, y) or a DMatrix whose labels and predictions feed the `labels` and `predictions`
         collections (rules class_imbalance, confusion). Use (X, y) with Dask: a DMatrix does not pickle.
     checkpoint_format: "ubj" or "json", the format of the booster the `checkpoint` action writes.
     """
 
     def __init__(self, config=None, out_dir=None, storage_options: dict | None = None, *, eval_data=None,
-                 checkpoint_format: str = "ubj"):
+                 checkpoint_format: str = "ubj", append: bool = False):
         super().__init__()
         if checkpoint_format not in CHECKPOINT_FORMATS:
             raise ValueError(f"checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}; "
                              f"got {checkpoint_format!r}.")
         self.config = load_config(config)
         self.out_dir, self.storage_options = out_dir, storage_options
-        self.eval_data, self.checkpoint_format = eval_data, checkpoint_format
+        self.eval_data, self.checkpoint_format, self.append = eval_data, checkpoint_format, append
         self.run_url: str | None = make_run_url(self.config, out_dir) if out_dir is not None else None
         prepare_storage(self.config, out_dir, storage_options)
         self._open_state()
@@ -76,7 +79,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
 
     def __getstate__(self):
         return {k: self.__dict__[k] for k in ("config", "out_dir", "storage_options", "eval_data",
-                                              "checkpoint_format", "run_url")}
+                                              "checkpoint_format", "append", "run_url")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -95,25 +98,33 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         if self._recorder is not None:  # the last training raised before after_training
             self._finish("failed")
         self._rank, self._world = collective.get_rank(), collective.get_world_size()
-        url = self.run_url if self.out_dir is not None else make_run_url(self.config)
-        self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
+        url = make_run_url(self.config, self.out_dir)
+        url = collective.broadcast(url, 0) if self._world > 1 else url
         self._plan = self.config.plan()
         config = booster_config(model)
         self._trees = booster_kind(config) in TREE_BOOSTERS
         self._state = "finished"
-        if self.config.workers == "all" or self._rank == 0:
-            self._recorder = Recorder(self.config, run_url=self.run_url, framework="xgboost",
-                                      framework_version=_framework_version(), worker=self._rank,
-                                      world_size=self._world, storage_options=self.storage_options,
-                                      info={"hyperparameters": hyperparameters(config),
-                                            "num_features": model.num_features()},
-                                      provides=PROVIDES)
-            self._recorder.start()
-            self._verdicts = self._recorder.verdicts
-            if self.eval_data is None and {"labels", "predictions"} & set(self._plan.collections):
-                log.warning("tripwire: the config captures labels and predictions, but the callback has no "
-                            "eval_data: pass TripwireCallback(..., eval_data=(X, y)).")
+        if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
+            url = self._start(model, config, url, self.append)
+        self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
+        if self._rank != 0 and self.config.workers == "all":
+            self._start(model, config, self.run_url, True)
+        if self._recorder is not None and self.eval_data is None and {"labels", "predictions"} & set(
+                self._plan.collections):
+            log.warning("tripwire: the config captures labels and predictions, but the callback has no eval_data: "
+                        "pass TripwireCallback(..., eval_data=(X, y)).")
         return model
+
+    def _start(self, model, config: dict, url: str, append: bool) -> str:
+        self._recorder = Recorder(self.config, run_url=url, framework="xgboost",
+                                  framework_version=_framework_version(), worker=self._rank, world_size=self._world,
+                                  storage_options=self.storage_options,
+                                  info={"hyperparameters": hyperparameters(config),
+                                        "num_features": model.num_features()},
+                                  provides=PROVIDES, append=append)
+        self._recorder.start()
+        self._verdicts = self._recorder.verdicts
+        return self._recorder.run_url
 
     def after_training(self, model):
         self._finish(self._state)
