@@ -15,7 +15,8 @@ from tripwire.plugins.keras import TripwireCallback, wrap_optimizer
 from tripwire.plugins.keras import capture as capture_module
 
 
-def test_nan_stops_training_at_the_sampled_step_it_appears(tmp_path):
+def test_nan_stops_training_at_the_step_it_appears(tmp_path):
+    """Sampled every 3 steps: the loss, on the host between samples, is judged at every step."""
     config = {"sampling": {"every": 3}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}],
               "collections": {"weights": {}, "gradients": {}}}
     cb = TripwireCallback(config, out_dir=tmp_path / "nan")
@@ -23,10 +24,65 @@ def test_nan_stops_training_at_the_sampled_step_it_appears(tmp_path):
     verdict = fired(cb.run_url)["exploding_tensor"]
     run = tripwire.open_run(cb.run_url)
     assert verdict.step == first_nonfinite_step(run)
-    assert verdict.step % 3 == 0 and int(model.optimizer.iterations) == verdict.step + 1
+    assert int(model.optimizer.iterations) == verdict.step + 1
     assert run.steps()[-1] == verdict.step and run.info["status"] == "stopped"
     assert cb.verdicts and cb.verdicts[0].step == verdict.step
     assert verdict.hint and "learning rate" in verdict.hint
+
+
+def test_nan_between_samples_stops_training_at_the_step_it_appears(tmp_path):
+    """Keras hands its loss over on the host at every step: an infinite loss (here from a batch of infinite
+    targets) is acted on at that step under the default config, which samples every 100 steps."""
+    (xt, yt), _ = helpers.digits()
+    targets = yt.astype("float32")
+    targets[37 * 32:38 * 32] = np.inf  # the 38th batch: step 37
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    model.fit(xt, targets, batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    nan = next(v for v in run.verdicts() if v.rule == "exploding_tensor")
+    assert (nan.step, run.info["status"], int(model.optimizer.iterations)) == (37, "stopped", 38)
+    assert run.tensor("losses/train").reduction(37) == np.inf
+
+
+def test_a_learning_rate_far_too_high_is_named_at_the_first_step(tmp_path):
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    fit(cb, mlp(lr=1.0, optimizer="adam"), epochs=1)
+    lr = fired(cb.run_url)["learning_rate"]
+    assert lr.step == 0 and "learning rate 1 with Adam: 100x the highest" in lr.message
+
+
+# (id, output activation, units, loss, labels of the digit, the finding on the buggy program or None on its twin)
+SETUPS = [
+    ("softmax_from_logits", "softmax", 10, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+     lambda y: y, "applied_twice"),
+    ("softmax_from_probabilities", "softmax", 10, "sparse_categorical_crossentropy", lambda y: y, None),
+    ("logits_read_as_probabilities", None, 10, "sparse_categorical_crossentropy", lambda y: y, "not_probabilities"),
+    ("labels_divided_by_255", None, 10, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+     lambda y: y / 255.0, "not_class_ids"),
+    ("one_hot_into_a_one_hot_loss", "softmax", 10, "categorical_crossentropy", lambda y: np.eye(10)[y], None),
+    ("one_unit_softmax", "softmax", 1, "binary_crossentropy", lambda y: (y == 0).astype("float32"),
+     "one_unit_softmax"),
+    ("one_unit_sigmoid", "sigmoid", 1, "binary_crossentropy", lambda y: (y == 0).astype("float32"), None),
+    ("sigmoid_for_targets_in_the_tens", "sigmoid", 1, "mse", lambda y: y * 4.0 + 3, "unreachable_targets"),
+]
+
+
+@pytest.mark.parametrize("name,activation,units,loss,labels_of,finding", SETUPS, ids=[s[0] for s in SETUPS])
+def test_the_output_the_loss_and_the_labels_are_judged_at_the_first_step(tmp_path, name, activation, units, loss,
+                                                                         labels_of, finding):
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(units, activation=activation)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
+    (xt, yt), _ = helpers.digits(n_train=256)
+    cb = TripwireCallback({"rules": ["loss_setup"]}, out_dir=tmp_path / "run")
+    model.fit(xt, labels_of(yt), batch_size=64, epochs=1, verbose=0, callbacks=[cb])
+    fired = [v for v in tripwire.open_run(cb.run_url).verdicts() if v.fired]
+    assert [v.finding for v in fired] == ([finding] if finding else []), [v.message for v in fired]
 
 
 def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):

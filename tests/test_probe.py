@@ -96,20 +96,21 @@ def test_eval_forward_passes_do_not_begin_a_step(tmp_path):
     assert run.tensor("metrics/val_loss").series(mode="eval")[0].tolist() == list(range(1, 8))
 
 
-def test_nan_sets_should_stop_at_the_sampled_step_it_appears(tmp_path):
+def test_nan_sets_should_stop_at_the_step_it_appears(tmp_path):
     net, optimizer, batches = model_and_data()
     config = {"sampling": {"every": 4}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "checkpoint",
                                                                                          "stop"]}]}
     with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
         done = train(probe, net, optimizer, batches, 100, nan_from=10)
-    assert done == 13 and probe.should_stop  # NaN from step 10; sampled at 12; stopped after it
+    # NaN from step 10, sampled every 4: the loss is judged at every step, so it stops after step 10
+    assert done == 11 and probe.should_stop
     run = tripwire.open_run(probe.run_url)
     (verdict,) = [v for v in run.verdicts() if v.fired]
-    assert verdict.rule == "exploding_tensor" and verdict.step == 12
-    assert probe.verdicts[0].step == 12 and run.info["status"] == "stopped"
+    assert verdict.rule == "exploding_tensor" and verdict.step == 10
+    assert probe.verdicts[0].step == 10 and run.info["status"] == "stopped"
     (checkpoint,) = (tmp_path / "run" / "checkpoints").iterdir()
     state = torch.load(checkpoint, weights_only=True)
-    assert state["step"] == 12 and set(state["model"]) == set(net.state_dict())
+    assert state["step"] == 10 and set(state["model"]) == set(net.state_dict())
 
 
 def test_raise_action_ends_training_with_rule_fired(tmp_path):

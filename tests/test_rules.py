@@ -301,7 +301,7 @@ def test_report_action_writes_the_verdict_into_the_run(tmp_path):
     assert report["fired"] == 1 and report["rules_fired"] == ["dead_relu"] and report["first_fired_step"] == 20
     assert stored["rule"] == "dead_relu" and stored["step"] == 20 and stored["status"] == "fired"
     assert stored["severity"] == "error"
-    assert "activations/net.1" in stored["message"] and stored["hint"].startswith("ReLU units died")
+    assert "activations/net.1" in stored["message"] and "Every bias of Linear net.0 is negative" in stored["hint"]
     assert stored == tripwire.open_run(callback.run_url).verdicts()[0].to_dict()
 
 

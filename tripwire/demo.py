@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 FAULTS = {
@@ -23,9 +24,13 @@ def run_demo(out: str) -> int:
     import torch
 
     import tripwire
+    from tripwire.core.diagnosis import diagnose
     from tripwire.plugins.lightning import TripwireCallback
 
     warnings.filterwarnings("ignore")
+    said = logging.getLogger("tripwire")  # its verdicts and diagnoses, in the demo's own output
+    said.addHandler(logging.StreamHandler(sys.stdout))
+    said.propagate = False
     for name in list(logging.root.manager.loggerDict):  # Lightning's banners would drown the demo's output
         if name.startswith(("lightning", "pytorch_lightning")):
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -40,34 +45,37 @@ def run_demo(out: str) -> int:
     print(f"tripwire demo: an MLP on sklearn's digits, {EPOCHS} epochs per run, runs stored under {out}/\n")
     rows = []
     for fault, description in FAULTS.items():
-        print(f"── {fault}: {description}")
+        print(f"── {fault}: {description}", flush=True)
         pl.seed_everything(0, verbose=False)
         model = _Model(lr=50.0 if fault == "exploding" else 0.1, dead=fault == "dead_relu")
         callback = TripwireCallback(config, out_dir=f"{out}/{fault}")
         trainer = pl.Trainer(max_epochs=EPOCHS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, accelerator="cpu", callbacks=[callback])
         planned = EPOCHS * len(train)
-        trainer.fit(model, train, val)
-        fired = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.counts]  # warnings and errors
-        for v in fired:
-            print("   " + v.describe(with_hint=False))
-        if fired:
-            print(f"   hint: {fired[0].hint}")
-        saved = planned - trainer.global_step
-        rows.append((fault, fired, trainer.global_step, planned, saved, callback.run_url))
-        print()
+        trainer.fit(model, train, val)  # tripwire logs each verdict as it fires, and the diagnosis at the end
+        diagnoses = [d for d in diagnose(tripwire.open_run(callback.run_url).verdicts()) if d.counts]
+        if not diagnoses:
+            print("   nothing fired: no warning or error.")
+        rows.append((fault, diagnoses, trainer.global_step, planned, callback.run_url))
+        print(flush=True)
 
-    print(f"{'run':10} {'first verdict':24} {'rules fired':>11} {'steps run':>10} {'saved by stop':>14}  stored at")
-    for fault, fired, steps, planned, saved, url in rows:
-        first = f"{fired[0].rule}@{fired[0].step}" if fired else "nothing"
-        print(f"{fault:10} {first:24} {len({v.rule for v in fired}):>11} {f'{steps}/{planned}':>10} "
+    width = max([13] + [len(_first(d)) for _, d, *_ in rows])
+    print(f"{'run':10} {'diagnosis':{width}} {'causes':>6} {'steps run':>10} {'saved by stop':>14}  stored at")
+    for fault, diagnoses, steps, planned, url in rows:
+        saved = planned - steps
+        print(f"{fault:10} {_first(diagnoses):{width}} {len(diagnoses):>6} {f'{steps}/{planned}':>10} "
               f"{f'{saved} steps' if saved else '-':>14}  {url}")
-    print(f"\nEach run has an HTML report: {rows[1][5]}/report.html (open it in a browser).")
-    print(f"Look closer: `tripwire show {rows[1][5]}`, `tripwire check {rows[2][5]}`, `tripwire rules dead_relu`, "
-          f"`tripwire compare {rows[0][5]} {rows[1][5]}`.")
+    print(f"\nEach run has an HTML report: {rows[1][4]}/report.html (open it in a browser).")
+    print(f"Look closer: `tripwire show {rows[1][4]}`, `tripwire check {rows[2][4]}`, `tripwire rules dead_relu`, "
+          f"`tripwire compare {rows[0][4]} {rows[1][4]}`.")
     healthy_clean = not rows[0][1]
     faults_caught = all(r[1] for r in rows[1:])
     return 0 if healthy_clean and faults_caught else 1
+
+
+def _first(diagnoses) -> str:
+    """The first diagnosis as the table shows it: its cause and the step it began."""
+    return f"{diagnoses[0].cause} @{diagnoses[0].began}" if diagnoses else "nothing"
 
 
 def _digits():

@@ -31,6 +31,8 @@ class Case:
     returns its Outcome; `long` asks for the longer version `make zoo` runs.
     fault: what is wrong, in a few words; "" for a healthy case.
     catch: the rules that name this fault; a verdict of any of them at warning or error is a detection.
+    cause: the rules whose verdict, as the primary cause of the first diagnosis (tripwire.core.diagnosis), names
+        this fault; `catch` where not given.
     onset: the first step at which the fault is present (0: from the start).
     backends: Keras backends the test suite runs the case on (TensorFlow in process, the others in a subprocess).
     """
@@ -40,6 +42,7 @@ class Case:
     train: Callable
     fault: str = ""
     catch: tuple = ()
+    cause: tuple = ()
     onset: int = 0
     backends: tuple = ("tensorflow",)
     tags: tuple = field(default=())
@@ -47,6 +50,10 @@ class Case:
     @property
     def healthy(self) -> bool:
         return not self.fault
+
+    @property
+    def causes(self) -> tuple:
+        return self.cause or self.catch
 
     @property
     def id(self) -> str:

@@ -90,6 +90,19 @@ class Result:
         return any(v.rule in self.case.catch for v in self.counted)
 
     @property
+    def primary(self):
+        """The primary cause of the first diagnosis at warning or error (its verdict), or None."""
+        from tripwire.core.diagnosis import diagnose
+
+        found = diagnose(self.counted)
+        return found[0].primary if found else None
+
+    @property
+    def names_fault(self) -> bool:
+        """Whether the first diagnosis's primary cause is a verdict of a rule that names the fault."""
+        return self.primary is not None and self.primary.rule in self.case.causes
+
+    @property
     def delay(self) -> int | None:
         """Steps from the fault's onset to the first verdict of a rule that names it."""
         steps = [v.step for v in self.counted if v.rule in self.case.catch]

@@ -16,23 +16,27 @@ def table(results) -> str:
              f"Python {platform.python_version()}, {platform.machine()}. A verdict counts at severity warning or "
              "error; info verdicts are listed apart. A fault must be caught with every rule on (`all_rules`, sampled "
              "every 10 steps); what the default config (sampled every 100) catches is shown.", "",
-             "| case | fault | config | learned | fired (warning/error) | info | right rule | onset→verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | fault | config | learned | fired (warning/error) | info | right rule | onset→verdict "
+             "| primary cause | names the fault |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         info = ", ".join(dict.fromkeys(v.rule for v in r.quiet if v.fired)) or "-"
         right = "yes" if r.right_rule else ("NO" if r.expected else "-")
         delay = "-" if r.delay is None else str(r.delay)
+        primary = f"{r.primary.rule} @{r.primary.began}" if r.primary is not None else "-"
+        names = "-" if r.case.healthy else ("yes" if r.names_fault else "no")
         lines.append(f"| {label(r)} | {r.case.fault or 'healthy'} | {r.config} | {r.score} | "
-                     f"{', '.join(r.rules) or '-'} | {info} | {right} | {delay} |")
+                     f"{', '.join(r.rules) or '-'} | {info} | {right} | {delay} | {primary} | {names} |")
     lines += ["", "| config | healthy runs | false-alarm runs | healthy runs stopped | faulty runs | caught | "
-                  "by the right rule |", "|---|---|---|---|---|---|---|"]
+                  "by the right rule | primary cause names the fault |", "|---|---|---|---|---|---|---|---|"]
     for config in dict.fromkeys(r.config for r in results):
         mine = [r for r in results if r.config == config]
         healthy = [r for r in mine if r.case.healthy]
         faulty = [r for r in mine if not r.case.healthy]
         lines.append(f"| {config} | {len(healthy)} | {sum(r.false_alarm for r in healthy)} | "
                      f"{sum(r.status == 'stopped' for r in healthy)} | {len(faulty)} | "
-                     f"{sum(r.caught for r in faulty)} | {sum(r.right_rule for r in faulty)} |")
+                     f"{sum(r.caught for r in faulty)} | {sum(r.right_rule for r in faulty)} | "
+                     f"{sum(r.names_fault for r in faulty)} |")
     return "\n".join(lines)
 
 

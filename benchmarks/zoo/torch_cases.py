@@ -690,7 +690,7 @@ CASES: list[Case] = [
     Case("lightning", "softmax_into_ce", softmax_into_ce, fault="Softmax output into CrossEntropyLoss",
          catch=("output_loss_mismatch",)),
     Case("lightning", "frozen_by_mistake", frozen_by_mistake, fault="middle Linear frozen by mistake",
-         catch=("unchanged_tensor",)),
+         catch=("unchanged_tensor", "untrained_parameters")),
     Case("lightning", "deep_sigmoid", deep_sigmoid, fault="10 sigmoid layers: vanishing gradients",
          catch=("vanishing_gradient",)),
     Case("lightning", "tanh_saturated", tanh_saturated, fault="first-layer weights std 10: saturated tanh",
@@ -698,7 +698,8 @@ CASES: list[Case] = [
     Case("torch", "shuffled_labels", shuffled_labels, fault="labels shuffled against inputs",
          catch=("loss_not_decreasing", "overfit")),
     Case("torch", "lr_zero_schedule", lr_zero_schedule, fault="LambdaLR factor 0 after step 0 (integer division)",
-         catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1),
+         catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1,
+         cause=("unchanged_tensor", "weight_update_ratio", "learning_rate")),
     Case("torch", "zero_init", zero_init, fault="every Linear weight initialised to 0",
          catch=("poor_weight_initialization", "all_zero")),
 ]

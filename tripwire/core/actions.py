@@ -42,14 +42,20 @@ class Decision:
 LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 
 
-def apply(verdict, actions, write_report) -> Decision:
-    """Run a fired verdict's actions that act on its severity; `write_report()` writes the run's report."""
+def apply(verdict, actions, write_report, cause=None) -> Decision:
+    """Run a fired verdict's actions that act on its severity; `write_report()` writes the run's report.
+
+    cause: the earlier verdict whose diagnosis this one joins (tripwire.core.diagnosis), if any: the log names it
+    instead of repeating a hint."""
     decision = Decision(verdicts=[verdict])
     for action in actions:
         if not action.acts_on(verdict):
             continue
         if action.name == "log":
-            log.log(LOG_LEVELS[verdict.severity], "tripwire: %s", verdict.describe())
+            text = verdict.describe(with_hint=cause is None)
+            if cause is not None:
+                text += f" (follows from {cause.rule} at step {cause.step})"
+            log.log(LOG_LEVELS[verdict.severity], "tripwire: %s", text)
         elif action.name == "stop" and verdict.mode == "predict":  # predict is outside training and over by now
             log.warning("tripwire: rule %s fired on predictions (step %s); nothing to stop", verdict.rule, verdict.step)
         elif action.name == "stop":

@@ -165,8 +165,13 @@ def _config(path):
 def _check(args) -> int:
     from .evaluate import check
 
+    from .diagnosis import summary
+
     run = _open(args.run)
-    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe()), trust_run=args.trust_run)
+    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe(with_hint=False)),
+                     trust_run=args.trust_run)
+    if verdicts:
+        print("\n" + summary(verdicts))
     code = _verdict_exit(verdicts)
     return _damaged_exit(run, "check") or code
 
@@ -219,6 +224,7 @@ def _watch(args) -> int:
 
 
 def _show(args) -> int:
+    from .diagnosis import summary
     from .naming import collection_of
 
     run = _open(args.run)
@@ -251,9 +257,9 @@ def _show(args) -> int:
                                           for m in run.modes() if n in run.tensor_names(mode=m))))
         print(f"collection {collection}: {len(members)} tensors ({', '.join(reductions) or 'full values'}), "
               f"e.g. {members[0]}")
-    print(f"verdicts   {len(verdicts)}")
-    for v in verdicts:
-        print("  " + v.describe(with_hint=False))
+    print(f"verdicts   {len(verdicts)}" + (", by root cause:" if verdicts else ""))
+    if verdicts:
+        print("  " + summary(verdicts, with_hint=False).replace("\n", "\n  "))
     for rel, reason in run.skipped.items():
         print(f"{'damaged' if rel in run.damaged else 'skipped':10} {rel}: {reason}")
     return _damaged_exit(run, "show")

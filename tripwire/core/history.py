@@ -53,6 +53,10 @@ class History(View):
         # (worker, mode) -> (newest step, names recorded at it, {collection: {name: reductions}} there): what
         # the rules read
         self._latest: dict[tuple, tuple[int, set, dict]] = {}
+        self.first_steps: dict = {}  # worker -> FirstStep, as the recorder was handed it
+
+    def first_step_of(self, worker: int):
+        return self.first_steps.get(worker)
 
     def add(self, worker: int, mode: str, step: int, values: dict, tensors: dict | None = None) -> None:
         """Add one sample: {name: {reduction: float}} and {name: array}."""

@@ -69,10 +69,17 @@ class Parameter:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Every parameter of a model, in the order the model registers them (about the order it computes them)."""
+    """Every parameter of a model, in the order the model registers them (about the order it computes them).
+
+    activations: {the path of a layer whose output is captured as an activation: the path of the layer with
+    parameters whose output it takes} (a ReLU module after a Linear; a Dense layer with its own activation is its
+    own), so that a verdict about an activation can name the layer and the parameters behind it.
+    optimizers: the class names of the optimizers that train it (`SGD`, `AdamW`), in the framework's order."""
 
     name: str = ""
     parameters: dict = field(default_factory=dict)  # path -> Parameter
+    activations: dict = field(default_factory=dict)  # activation layer path -> the layer it takes its input from
+    optimizers: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "_order", {p: i for i, p in enumerate(self.parameters)})
@@ -85,13 +92,18 @@ class ModelInfo:
         """Where a parameter comes in the model's order (-1 if it is not a parameter of the model)."""
         return self._order.get(path, -1)
 
+    def layer_parameters(self, layer: str) -> list[Parameter]:
+        """The parameters of one layer, in the model's order."""
+        return [p for p in self.parameters.values() if p.layer == layer]
+
     def kernels(self, trainable: bool | None = True) -> list[Parameter]:
         """The kernels (dense, convolution, recurrent and attention weights), in the model's order."""
         return [p for p in self.parameters.values() if p.kernel and (trainable is None or p.trainable == trainable)]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "parameters": [{**asdict(p), "shape": list(p.shape)}
-                                                  for p in self.parameters.values()]}
+                                                  for p in self.parameters.values()],
+                "activations": dict(self.activations), "optimizers": list(self.optimizers)}
 
     @classmethod
     def from_dict(cls, data) -> ModelInfo | None:
@@ -111,7 +123,13 @@ class ModelInfo:
             if p.role not in ROLES or p.layer_type not in LAYER_TYPES or not isinstance(p.shape, (list, tuple)):
                 return None
             parameters[p.path] = Parameter(**{**asdict(p), "shape": tuple(p.shape)})
-        return cls(str(data.get("name", "")), parameters)
+        activations = data.get("activations", {})
+        if not isinstance(activations, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in activations.items()):
+            activations = {}
+        optimizers = data.get("optimizers", [])
+        optimizers = tuple(o for o in optimizers if isinstance(o, str)) if isinstance(optimizers, list) else ()
+        return cls(str(data.get("name", "")), parameters, activations, optimizers)
 
 
 def role_of(model: ModelInfo | None, tensor: str) -> str:

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 
 from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
+from .diagnosis import explained_by, summary
 from .history import History
 from .model import ModelInfo
 from .naming import collection_of
 from .rules.engine import RuleEngine
 from .sample import Sample, TensorBudget
-from .store import FORMAT_VERSION, MANIFEST, Store, check_run_url, new_run_id, output_url, sealed_json
+from .store import (FORMAT_VERSION, MANIFEST, Store, check_run_url, first_step_name, new_run_id, output_url,
+                    sealed_json)
 from .verdict import Verdict
 from .watcher import WatcherLink
 from .writer import Writer
@@ -91,6 +94,7 @@ class Recorder:
         self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
         self._budget: TensorBudget | None = None  # of the step being captured
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
+        self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -155,6 +159,7 @@ class Recorder:
                 self.verdicts.append(verdict)
                 self.writer.put_verdict(verdict)
                 log.warning("tripwire: %s", verdict.describe(with_hint=False))
+        self._log_summary()
         writer = self.writer
         try:
             closed = writer.close(state)
@@ -170,6 +175,17 @@ class Recorder:
             self.write_report()  # after the close: the final report sees everything stored
         if self._html_report is not None:
             self._html_report.wait(self.config.writer.close_timeout_s)
+
+    def _log_summary(self) -> None:
+        """At the end of training, one block per diagnosis (WARNING), or one line saying what was checked and that
+        nothing fired (INFO)."""
+        fired = [v for v in self.verdicts if v.fired]
+        if any(v.counts for v in fired):
+            log.warning("tripwire: %s at step %s of %s:\n%s", "training ended" if self.engine is not None else
+                        "the watcher's verdicts", self.last_step, self.run_url, summary(self.verdicts))
+        elif self.engine is not None and self.engine.slots:
+            log.info("tripwire: %d rule(s) checked %s up to step %s; no warning or error%s.", len(self.engine.slots),
+                     self.run_url, self.last_step, f" ({len(fired)} at info)" if fired else "")
 
     # -- per step -------------------------------------------------------------------------------------------------
     def alive(self) -> None:
@@ -204,6 +220,27 @@ class Recorder:
             self.writer.put_verdict(verdict)
             decision.merge(self._act(verdict))
         return decision
+
+    def first_step(self, facts) -> None:
+        """What the plugin saw of the training at its first step (tripwire.core.firststep.FirstStep): stored in the
+        run once, and handed to the rules that judge the setup."""
+        if self.history is not None:
+            self.history.first_steps[self.worker] = facts
+        self.writer.put_object(first_step_name(self.worker), sealed_json(facts.to_dict()))
+
+    def check_loss(self, step: int, loss: float | None) -> Decision | None:
+        """The training loss of a step that is not sampled, already on the host: a NaN or Inf is recorded at once,
+        as a sample of its own, so that the rules (exploding_tensor) judge it at the step it appeared rather than
+        at the next sampled step. One such sample per run: what follows the first NaN is NaN too. None where the
+        loss is finite (the cost of an unsampled step: one comparison)."""
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):  # None, or not one number
+            return None
+        if math.isfinite(value) or self._nonfinite_loss or "losses" not in self.plan.collections:
+            return None
+        self._nonfinite_loss = True
+        return self.record(step, "train", {"losses/train": {"value": value}})
 
     def poll(self) -> Decision:
         """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""
@@ -242,7 +279,8 @@ class Recorder:
         if not verdict.fired:
             log.warning("tripwire: %s", verdict.describe(with_hint=False))
             return Decision(verdicts=[verdict])
-        return apply(verdict, self._actions.get(verdict.rule, ()), self.write_report)
+        cause = explained_by(verdict, [v for v in self.verdicts if v is not verdict])
+        return apply(verdict, self._actions.get(verdict.rule, ()), self.write_report, cause)
 
     def _tick(self) -> None:
         """Writer thread, every poll_s: pick up the watcher's verdicts, or judge the clock-based rules."""

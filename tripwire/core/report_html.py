@@ -86,6 +86,7 @@ def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
     verdicts = sorted(run.verdicts() if verdicts is None else verdicts, key=lambda v: (v.step, v.time))
     info = run.info
     sections = [("summary", "Summary", lambda: _summary(run, info, verdicts)),
+                ("diagnosis", "Diagnosis", lambda: _diagnoses(verdicts)),
                 ("verdicts", "Verdicts", lambda: _verdicts(verdicts, info)),
                 ("curves", "Loss and metrics", lambda: _curves(plots, run, verdicts)),
                 ("layers", "Layers over steps", lambda: _heatmaps(plots, run)),
@@ -144,6 +145,25 @@ def _summary(run, info: dict, verdicts: list) -> list:
     config = yaml.safe_dump(info.get("config", {}), sort_keys=False, default_flow_style=None, width=100)
     return [f'<table class="summary">{table}</table>',
             f"<details><summary>config</summary><pre>{escape(config)}</pre></details>"]
+
+
+def _diagnoses(verdicts: list) -> list:
+    """One block per root cause: what went wrong and from when, the evidence, the fix, the symptoms it explains."""
+    from .diagnosis import diagnose
+
+    found = diagnose(verdicts)
+    if not found:
+        return [note("no rule fired.")]
+    blocks = []
+    for d in found:
+        p = d.primary
+        explains = (f"<p><small>explains {len(d.symptoms)} more verdict(s): "
+                    f"{escape(', '.join(dict.fromkeys(v.rule for v in d.symptoms)))}</small></p>" if d.symptoms else "")
+        blocks.append(f'<div class="diagnosis {escape(d.severity)}"><h3>{escape(d.cause)} <small>{escape(d.severity)}'
+                      f", from step {d.began} ({escape(p.mode)}, worker {p.worker})</small></h3>"
+                      f"<p><b>{escape(p.rule)}</b> at step {p.step}: {escape(p.message)}</p>"
+                      f"<p><b>fix:</b> {escape(p.hint)}</p>{explains}</div>")
+    return blocks
 
 
 def _verdicts(verdicts: list, info: dict) -> list:

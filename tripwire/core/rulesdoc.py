@@ -174,8 +174,27 @@ def markdown(zoo: dict | None = None) -> str:
             f"**Hint.** {cls.hint}", "",
             f"**Source.** {cls.source}", "",
             f"**On the zoo.** {zoo_record(name, zoo)}", ""]))
+    sections.append(causal_links())
     sections.append(CUSTOM)
     return "\n".join(sections)
+
+
+def causal_links() -> str:
+    """The diagnosis's causal links (tripwire.core.diagnosis.CAUSES) as a table."""
+    from .diagnosis import CAUSES
+
+    rows = "\n".join(f"| `{kind}` | {cause.title} | {', '.join(f'`{s}`' for s in cause.explains) or '-'} |"
+                     for kind, cause in CAUSES.items())
+    return "\n".join([
+        "## Diagnosis: one root cause per fault", "",
+        "A fault shows as several verdicts; `tripwire check`, `show`, the report, the demo and the end of a training "
+        "print one diagnosis per root cause: the verdict that explains the others (the primary cause, with a fix "
+        "that names the layer and the value), the step it began, and the verdicts it explains. A verdict of a kind "
+        "below explains verdicts of the kinds listed beside it that began no earlier (a rule that waits for several "
+        "samples dates its finding from the first of them); at the same step, the kind listed first leads. A kind "
+        "is a rule, or `rule:side` where its findings differ in meaning. The verdicts stay available underneath "
+        "(`run.verdicts()`).", "",
+        "| verdict | cause | explains |", "|---|---|---|", rows, ""])
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from .model import ModelInfo
 from .runfiles import CheckedFiles
 from .shardfile import ShardFormatError, decode_header, header_length
 from .store import (CHECKSUMMED_SINCE, FINAL_STATES, FORMAT_VERSION, INDEX_RE, MANIFEST, SHARD_RE, TEMP_PREFIX,
-                    DamagedObject, Store, count_of, index_name, run_status, shard_name)
+                    DamagedObject, Store, count_of, first_step_name, index_name, run_status, shard_name)
 from .verdict import Verdict
 from .view import View, merge_sorted
 
@@ -79,6 +79,7 @@ class Run(View, CheckedFiles):
         self._name_steps_cache: dict[tuple, tuple] = {}  # (worker, mode, name) -> (version, steps with any data)
         self._last_names_at: tuple = (None, set())  # ((version, step, mode, worker), names with data there)
         self._sections: dict[str, bytes] = {}
+        self._first_steps: dict = {}  # worker -> FirstStep or None (unreadable), once read
         self._verdicts: dict[str, Verdict] = {}
         self.refresh()
 
@@ -119,6 +120,24 @@ class Run(View, CheckedFiles):
     def model(self):
         """The model's structure as the plugin recorded it when training began (None for runs without one)."""
         return ModelInfo.from_dict(self._manifest.get("model"))
+
+    def first_step_of(self, worker: int):
+        """What the plugin saw of a worker's first step (`first_step/<worker>.json`), or None; read once found."""
+        if worker not in self._first_steps:
+            from .firststep import FirstStep
+
+            rel = first_step_name(worker)
+            try:
+                found = FirstStep.from_dict(self.store.get_json(rel, required=self._sealed))
+            except FileNotFoundError:
+                return None
+            except (ValueError, OSError) as exc:
+                self._skip(rel, f"unreadable first step: {exc}")
+                found = None
+            if found is None:
+                self._skip(rel, "not a first-step record")
+            self._first_steps[worker] = found
+        return self._first_steps[worker]
 
     def _flush_every(self) -> float:
         try:

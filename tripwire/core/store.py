@@ -7,6 +7,7 @@ Layout of a run folder (docs/format.md is the full description):
     shards/<worker>-<seq>.safetensors         one per flush per worker, immutable
     index/<worker>-<upto>.safetensors         consolidated series of shards <= upto, written at close
     verdicts/<worker>-<step>-<rule>-<id>.json one per verdict, immutable
+    first_step/<worker>.json                  what the plugin saw of the loss at its first step, immutable
     checkpoints/, report.json, report.html    written by actions
 
 Every object appears whole or not at all: local files are written to a
@@ -41,6 +42,10 @@ def shard_name(worker: int, seq: int) -> str:
 
 def index_name(worker: int, upto: int) -> str:
     return f"index/{worker:05d}-{upto:08d}.safetensors"
+
+
+def first_step_name(worker: int) -> str:
+    return f"first_step/{worker:05d}.json"
 
 
 def status_name(worker: int) -> str:

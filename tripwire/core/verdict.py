@@ -16,7 +16,7 @@ STATUSES = ("fired", "no_data", "error")
 SEVERITIES = ("error", "warning", "info")
 _FIELD_TYPES = {"rule": (str,), "step": (int,), "message": (str,), "mode": (str,), "worker": (int,),
                 "evidence": (dict,), "hint": (str,), "source": (str,), "time": (float, int), "severity": (str,),
-                "finding": (str,)}
+                "finding": (str,), "onset": (int,)}
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class Verdict:
     severity: of a fired verdict, one of SEVERITIES.
     finding: what the verdict is about, within its rule (e.g. a tensor and the side of a threshold): a rule
     reports each finding once per worker and severity, however often its condition holds again.
+    onset: the step its condition began to hold (the first of the samples it was judged over, where a rule waits
+    for several); `step` where it was judged on one. The diagnosis orders causes by it.
     """
 
     rule: str
@@ -42,6 +44,12 @@ class Verdict:
     time: float = field(default_factory=time.time)
     severity: str = "warning"
     finding: str = ""
+    onset: int | None = None
+
+    @property
+    def began(self) -> int:
+        """The step the finding began at: its onset where the rule knows it, else the step it fired."""
+        return self.step if self.onset is None else min(self.onset, self.step)
 
     @property
     def fired(self) -> bool:
@@ -62,6 +70,8 @@ class Verdict:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["evidence"] = jsonable(self.evidence)
+        if self.onset is None:  # not known: absent, never null
+            del out["onset"]
         return out
 
     @classmethod

@@ -33,6 +33,15 @@ class View:
     upto: int | None = None
     model = None  # the model's structure (tripwire.core.model.ModelInfo) where the run recorded it
 
+    def first_step_of(self, worker: int):
+        """What the plugin saw of a worker's first step (tripwire.core.firststep.FirstStep), or None."""
+        return None
+
+    @property
+    def first_step(self):
+        """The first step's record of the default worker (0 where none is set), or None."""
+        return self.first_step_of(self.default_worker or 0)
+
     def __init__(self):
         self._catalog: dict[tuple, set] = {}
         self._version = 0
@@ -299,6 +308,9 @@ class _Scoped(View):
     @property
     def model(self):
         return self._base.model
+
+    def first_step_of(self, worker: int):
+        return self._base.first_step_of(worker)
 
     @property
     def _version(self):

@@ -186,6 +186,12 @@ class Writer:
             self._queue.append(verdict)
             self._cond.notify()
 
+    def put_object(self, rel: str, data: bytes) -> None:
+        """An object of the run written once, whole (the first-step record), in turn with samples and verdicts."""
+        with self._cond:
+            self._queue.append((rel, data))
+            self._cond.notify()
+
     def close(self, state: str = "finished") -> bool:
         """Write what is queued, the index and the final status; then stop the thread. Waits at most
         `writer.close_timeout_s` for storage: True if everything was handed over in time."""
@@ -235,6 +241,8 @@ class Writer:
                     buffer.append(item)
                     buffered += item.nbytes
                     self._status["last_data"] = time.time()
+                elif isinstance(item, tuple):
+                    self._attempt(item[0], functools.partial(self.store.create, *item))
                 elif item.key not in self._verdict_keys:
                     self._attempt(f"verdict at step {item.step}", functools.partial(self._store_verdict, item))
             items = item = None  # only the buffer holds the samples now, so a flush can let them go

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .base import Requirement, Rule, held, values_at
@@ -28,17 +29,49 @@ class DeadRelu(Rule):
               "56 % of such units in one layer, so here 70 % over 3 samples; the faults leave 100 %.")
 
     def requires(self):
-        return [Requirement("activations", ("dead_fraction",), include=("relu",))]
+        return [Requirement("activations", ("dead_fraction",), include=("relu",)),
+                Requirement("biases", ("mean", "max"), optional=True)]
 
     def check(self, run, step):
         dead = values_at(run, step, "dead_fraction", ["activations"])
         nonfinite = values_at(run, step, "nonfinite_count", ["activations"])
-        dead = {n: v for n, v in dead.items() if v * 100 > self.threshold_layer and not nonfinite.get(n)
-                and held(run, n, "dead_fraction", self.patience, step, lambda d: d * 100 > self.threshold_layer)}
-        return [self.fire(step, f"{share:.0%} of the units of {name} are dead (never positive in the batch) at "
-                                f"{self.patience} samples in a row; limit {self.threshold_layer:g}%.",
-                          severity="error" if share >= 1.0 else "warning", finding=name, layer=name, share=share)
-                for name, share in dead.items()] or None
+        found = []
+        for name, share in dead.items():
+            if share * 100 <= self.threshold_layer or nonfinite.get(name):
+                continue
+            onset = held(run, name, "dead_fraction", self.patience, step, lambda d: d * 100 > self.threshold_layer)
+            if onset is None:
+                continue
+            layer, where, hint = _behind(run, step, name)
+            found.append(self.fire(step, f"{share:.0%} of the units of {name}{where} are dead (never positive in the "
+                                         f"batch) at {self.patience} samples in a row since step {onset}; limit "
+                                         f"{self.threshold_layer:g}%.", severity="error" if share >= 1.0 else "warning",
+                                   finding=name, hint=hint, onset=onset, layer=name, feeds_from=layer, share=share))
+        return found or None
+
+
+def _behind(run, step: int, activation: str) -> tuple[str | None, str, str]:
+    """The layer whose output a ReLU takes (from the model's structure), the words that name it in a message, and
+    a fix that names it: its biases where they hold every unit below zero."""
+    model = run.model
+    layer = model.activations.get(activation.split("/", 1)[1]) if model is not None else None
+    if layer is None:
+        return None, "", ""
+    parameters = model.layer_parameters(layer)
+    kind = parameters[0].layer_class if parameters else "layer"
+    where = f" (the output of {kind} {layer})" if layer != activation.split("/", 1)[1] else f" ({kind})"
+    bias = next((p for p in parameters if p.role == "bias"), None)
+    tops = values_at(run, step, "max", ["biases"], f"^biases/{re.escape(bias.path)}$") if bias is not None else {}
+    means = values_at(run, step, "mean", ["biases"], f"^biases/{re.escape(bias.path)}$") if bias is not None else {}
+    if tops and means:
+        top, mean = next(iter(tops.values())), next(iter(means.values()))
+        if top < 0:
+            return layer, where, (f"Every bias of {kind} {layer} is negative (at most {top:.3g}, mean {mean:.3g}), so "
+                                  "its units output nothing positive for the ReLU to pass: initialise its biases to 0 "
+                                  "(nn.init.zeros_ / bias_initializer='zeros'), or use LeakyReLU/GELU after it.")
+    return layer, where, (f"The ReLU after {kind} {layer} passes nothing back. Try: a lower learning rate, LeakyReLU "
+                          f"or GELU after {layer}, He initialisation of {layer} with zero biases, a normalisation "
+                          "before the ReLU.")
 
 
 @dataclass
@@ -66,7 +99,7 @@ class SaturatedActivation(Rule):
     def check(self, run, step):
         saturated = {n: v for n, v in values_at(run, step, "saturated_fraction", ["activations"]).items()
                      if v * 100 > self.threshold_layer and held(run, n, "saturated_fraction", self.patience, step,
-                                                                lambda f: f * 100 > self.threshold_layer)}
+                                                                lambda f: f * 100 > self.threshold_layer) is not None}
         return [self.fire(step, f"{share:.0%} of the units of {name} are saturated at {self.patience} samples in a "
                                 f"row; limit {self.threshold_layer:g}%.", finding=name, layer=name, share=share)
                 for name, share in saturated.items()] or None

@@ -102,13 +102,15 @@ class Rule:
         return None
 
     def fire(self, step: int, message: str, *, severity: str | None = None, finding: str = "",
-             hint: str = "", **evidence) -> Verdict:
+             hint: str = "", onset: int | None = None, **evidence) -> Verdict:
         """A fired verdict for this rule; the engine fills in the rule id, mode and worker.
 
         finding: what it is about (a tensor, a side of a threshold): reported once per worker and severity.
-        hint: a hint for this finding, in place of the rule's own."""
+        hint: a hint for this finding, in place of the rule's own.
+        onset: the step the condition began to hold, where the rule judged it over several samples."""
         return Verdict(rule=self.rule_name(), step=int(step), message=message, evidence=evidence,
-                       hint=hint or self.hint, severity=severity or self.severity, finding=finding)
+                       hint=hint or self.hint, severity=severity or self.severity, finding=finding,
+                       onset=None if onset is None else int(onset))
 
 
 def of_roles(run, values: dict, roles, trainable_only: bool = True) -> dict:
@@ -129,11 +131,14 @@ def of_roles(run, values: dict, roles, trainable_only: bool = True) -> dict:
     return out
 
 
-def held(run, name: str, reduction: str, count: int, step: int, condition) -> bool:
-    """Whether `condition(value)` held at each of the newest `count` samples of a tensor's reduction, the newest
-    being `step`: a single-batch measurement is judged over several samples, not one."""
+def held(run, name: str, reduction: str, count: int, step: int, condition) -> int | None:
+    """The first of the newest `count` samples of a tensor's reduction, the newest being `step`, where
+    `condition(value)` held at each of them (a single-batch measurement is judged over several samples, not one);
+    None where it did not."""
     steps, values = run.tensor(name).tail(reduction, count)
-    return len(steps) == count and steps[-1] == step and all(condition(v) for v in values)
+    if len(steps) == count and steps[-1] == step and all(condition(v) for v in values):
+        return int(steps[0])
+    return None
 
 
 def learning_rates(run, step: int) -> list[float] | None:

@@ -49,15 +49,16 @@ class VanishingGradient(Rule):
         if len(means) < 2:
             return None
         largest = max(means.values())
-        small = {n: v for n, v in means.items() if v < self.threshold and v < self.ratio * largest
-                 and held(run, n, "abs_mean", self.patience, step, lambda g: g < self.threshold)}
+        onsets = {n: held(run, n, "abs_mean", self.patience, step, lambda g: g < self.threshold)
+                  for n, v in means.items() if v < self.threshold and v < self.ratio * largest}
+        small = {n: means[n] for n, onset in onsets.items() if onset is not None}
         if not small:
             return None
         name = min(small, key=small.get)
         return self.fire(step, f"{len(small)} kernel gradient(s) have mean |g| below {self.threshold:g} at "
                                f"{self.patience} samples in a row; the smallest is {name} at {small[name]:.3g}, "
                                f"against {largest:.3g} for the largest.", finding=",".join(small), gradients=small,
-                         threshold=self.threshold)
+                         threshold=self.threshold, onset=min(onsets[n] for n in small))
 
 
 @dataclass

@@ -61,5 +61,5 @@ class InputNotNormalized(Rule):
                                              f"{self.samples} sampled batches (values from {min(lows):.3g} to "
                                              f"{max(highs):.3g}); normalised data keeps its mean within "
                                              f"±{self.max_mean:g} and its std below {self.max_std:g}.",
-                                       finding=name, tensor=name, mean=mean, std=std))
+                                       finding=name, onset=steps[0], tensor=name, mean=mean, std=std))
         return found or None

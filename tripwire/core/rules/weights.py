@@ -122,7 +122,7 @@ class WeightUpdateRatio(Rule):
                     found.append(self.fire(step, f"{name}: ‖update‖/‖weight‖ = {last[-1]:.3g}, too {side} (allowed "
                                                  f"{self.small_threshold:g} to {self.large_threshold:g}) at "
                                                  f"{self.patience} samples in a row.", finding=f"{name}:{side}",
-                                           tensor=name, ratios=last))
+                                           onset=ratios[-self.patience][0], tensor=name, ratios=last))
         return found or None
 
     def _ratios(self, run, update: str, weight: str) -> list[tuple[int, float]]:

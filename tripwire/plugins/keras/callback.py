@@ -31,6 +31,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce as reduce_numpy
 
 from .capture import StepCapture
+from .firststep import first_step
 from .hooks import hook_model
 from .structure import describe
 
@@ -68,6 +69,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._verdicts: list = []
         self._predicted: Predicted | None = None
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
+        self._looked = False  # the run holds what the first sampled step trained with
 
     @property
     def verdicts(self) -> list:
@@ -107,6 +109,7 @@ class TripwireCallback(keras.callbacks.Callback):
                                       append=self.append or goes_on)
             self._recorder.start()
             self.run_url = self._recorder.run_url
+            self._looked = False
             self._verdicts = self._recorder.verdicts
         self._plan = self._recorder.plan
         self._alive = self._recorder.alive if self._recorder.clock else None
@@ -131,7 +134,11 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.begin(collections)
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._sampled:
+        if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
+            if logs and self._recorder is not None:
+                decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
+                if decision is not None:
+                    self._decide(decision, self._base + batch)
             return
         plans = {c.name: c for c in self._sampled}
         self._sampled = ()
@@ -139,6 +146,9 @@ class TripwireCallback(keras.callbacks.Callback):
             batch = min(batch, self.params["steps"] - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
+        if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
+            self._looked = True
+            self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
         for key, value in (logs or {}).items():
             if key == "loss" and "losses" in plans and "losses/train" not in values and np.ndim(value) == 0:
                 self._capture.warn_once("loss", "tripwire: the train step did not hand its loss to "

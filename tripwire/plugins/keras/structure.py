@@ -135,6 +135,24 @@ def _consumers(layer, depth: int = 0) -> list | None:
     return found
 
 
+def _activation_inputs(model) -> dict[str, str]:
+    """{path of a layer with an activation: the layer whose output it takes}: a layer with its own activation (a
+    Dense with activation='relu') takes its own; an activation layer (ReLU, Activation, LeakyReLU, …) the layer
+    with parameters made before it."""
+    out, last = {}, None
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        path = getattr(layer, "path", None) or layer.name
+        has_parameters = bool(getattr(layer, "_trainable_variables", ()))
+        if has_parameters and _activation(layer) is not None:
+            out[path] = path
+        elif not has_parameters and type(layer).__module__.startswith("keras.src.layers.activations") \
+                and last is not None:
+            out[path] = last
+        if has_parameters:
+            last = path
+    return out
+
+
 def describe(model) -> ModelInfo:
     """Every parameter of a built Keras model with its layer, type, role, shape and fans; frozen ones (a layer with
     trainable False) with trainable False."""
@@ -155,4 +173,7 @@ def describe(model) -> ModelInfo:
                                          layer_type=kind, layer_class=type(layer).__name__, role=role, shape=shape,
                                          trainable=id(variable) in trainable, fan_in=fan_in, fan_out=fan_out,
                                          followed_by=followers.get(id(layer)))
-    return ModelInfo(model.name, parameters)
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed precision, a LossScaleOptimizer
+    return ModelInfo(model.name, parameters, _activation_inputs(model),
+                     (type(optimizer).__name__,) if optimizer is not None else ())

@@ -27,6 +27,8 @@ from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture
+from tripwire.plugins.torch.firststep import LossSpy
+from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
 
@@ -88,6 +90,10 @@ class TripwireCallback(*_callback_bases()):
         self._losses: list = []  # the losses of a sampled step's micro-batches so far
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
+        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf
+        self._loss = None  # the loss the optimizer's closure returned at this step, until judged
+        self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
+        self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
         self._verdicts: list = []
 
@@ -169,12 +175,33 @@ class TripwireCallback(*_callback_bases()):
             sampled = self._capture.begin("train", step)
             if sampled:
                 self._take_batch(batch)
+                if not self._looked:
+                    self._look_at_first_step(pl_module, step)
         if sampled != self._sampled:
             self._sampled = sampled
             self._listen(sampled)
         if not sampled and self._watching:  # sleep until the optimizers' hook wakes this callback
             self._wake_at = self._plan.next_sampled("train", step + 1)
             self.__dict__["on_train_batch_start"] = None
+
+    def _look_at_first_step(self, pl_module, step: int) -> None:
+        """Run this step's training_step under a LossSpy, once: what it does with its loss goes to the run."""
+        self._looked = True
+        spy, own = LossSpy(), pl_module.__dict__.get("training_step")
+        original = pl_module.training_step
+
+        def training_step(*args, **kwargs):
+            if own is None:
+                del pl_module.training_step
+            else:
+                pl_module.training_step = own
+            with spy:
+                out = original(*args, **kwargs)
+            if self._recorder is not None:
+                self._recorder.first_step(spy.finish(step))
+            return out
+
+        pl_module.training_step = training_step
 
     def _listen(self, sampled: bool) -> None:
         """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips)."""
@@ -199,14 +226,40 @@ class TripwireCallback(*_callback_bases()):
             if self._wake_at is not None and trainer.global_step + 1 >= self._wake_at:
                 self._wake_at = None
                 self.__dict__.pop("on_train_batch_start", None)
+            if self._loss is not None:
+                found, self._loss = self._loss_watch.see(trainer.global_step, self._loss), None
+                if found is not None:  # a NaN loss between samples: recorded when this batch ends
+                    self._nonfinite = found
+                    self.__dict__.pop("on_train_batch_end", None)
+
+        def before_optimizer_step(optimizer, args, kwargs):
+            """Wrap the closure Lightning hands the optimizer (the training step), to keep the loss it returns:
+            a reference, read in `after_optimizer_step`. One process only: acting there on one rank's loss would
+            leave the others out of the collective decision."""
+            closure = kwargs.get("closure", args[0] if args else None)
+            if self._sampled or not callable(closure) or trainer.world_size > 1:
+                return None
+
+            def kept():
+                self._loss = closure()
+                return self._loss
+
+            return (args, {**kwargs, "closure": kept}) if "closure" in kwargs else ((kept, *args[1:]), kwargs)
 
         self._watching = [o.register_step_post_hook(after_optimizer_step) for o in optimizers]
+        self._watching += [o.register_step_pre_hook(before_optimizer_step) for o in optimizers]
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self._capture is not None:
             self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._nonfinite is not None:  # woken between samples by a NaN loss
+            (step, loss), self._nonfinite = self._nonfinite, None
+            self._listen(self._sampled)
+            self._decide(trainer, self._recorder.check_loss(step, loss) if self._recorder else None, step)
+            if not self._sampled:
+                return
         stepped = trainer.global_step != self._batch_step  # else accumulating: a later micro-batch ends the step
         decision = None
         if self._capture is not None:

@@ -83,10 +83,12 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
-        if self.mode == "train" and any(c in self.active for c in ("weights", "biases")):
+        if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
                 if path not in self._taken:
                     self.take(parameter_collection(info.role, path), path, param, info.layer_class)
+                    if param.grad is not None:  # a gradient no optimizer applied at this step (or ever)
+                        self.take("gradients", path, param.grad, info.layer_class)
         for path, (param, before) in self._before.items():  # into the copy: an update costs no memory of its own
             self.take("updates", path, torch.sub(param.detach(), before, out=before))
         if "losses" in self.active and loss is not None:

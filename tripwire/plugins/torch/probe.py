@@ -21,7 +21,8 @@ torch's own hooks and asks the user for one call per iteration:
 - `probe.step(loss)` ends the step: the sample goes to the `Recorder`, rules
   run, and the decision is applied — `stop` sets `probe.should_stop`,
   `checkpoint` writes the model and optimizer state next to the run, `raise`
-  raises `tripwire.RuleFired`.
+  raises `tripwire.RuleFired`. On an unsampled step the loss is only judged
+  for NaN/Inf (`LossWatch`), so that a NaN is acted on at the step it appears.
 
 The step is the number of `probe.step()` calls before this one: the plain
 loop's global step (optimizer steps). Forward passes in eval mode
@@ -39,6 +40,8 @@ from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import TorchCapture
+from .firststep import LossSpy
+from .losswatch import LossWatch
 from .reduce import Reductions
 from .structure import describe
 
@@ -72,6 +75,8 @@ class TripwireProbe:
         self._recorder.start()
         self.run_url = self._recorder.run_url
         self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
+        self._losses = LossWatch()
+        self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
@@ -90,9 +95,14 @@ class TripwireProbe:
         self._begun = False
         if self._recorder.clock:
             self._recorder.alive()
+        self._end_look()
         step = self.global_step
         self.global_step += 1
-        if not self._sampled:
+        if not self._sampled:  # a NaN loss is recorded at the step it appears, sampled or not
+            found = self._losses.see(step, loss)
+            decision = self._recorder.check_loss(*found) if found is not None else None
+            if decision is not None:
+                self._act(decision.merge(self._recorder.poll()))
             return
         self._sampled = False
         if labels is not None:
@@ -127,6 +137,7 @@ class TripwireProbe:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._end_look()
         self._capture.close()
         self._recorder.finish(state or ("stopped" if self.should_stop else "finished"))
 
@@ -148,12 +159,20 @@ class TripwireProbe:
             self._capture.take_inputs(args[0])
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._end_look()
         if self._sampled:
             self._capture.before_optimizer_step(optimizer)
 
     def _begin(self) -> None:
         self._begun = True
         self._sampled = self._capture.begin("train", self.global_step)
+        if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss
+            self._spy = LossSpy()
+            self._spy.__enter__()
+
+    def _end_look(self) -> None:
+        if self._spy is not None and not self._spy.done:
+            self._recorder.first_step(self._spy.finish(self.global_step))
 
     def _act(self, decision) -> None:
         if decision.checkpoint:

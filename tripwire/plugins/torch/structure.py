@@ -70,15 +70,35 @@ def _is_activation(module: nn.Module) -> bool:
     return type(module).__module__ == nn.modules.activation.__name__ and not isinstance(module, nn.MultiheadAttention)
 
 
-def _followers(model: nn.Module) -> dict[str, str]:
+def _sequence(model: nn.Module) -> list:
+    """(path, module) of the layers with parameters, the normalisations and the activations, in the order the
+    model registers them (the order most models compute them in)."""
+    return [(path, m) for path, m in model.named_modules()
+            if path and not isinstance(m, _PASS_THROUGH) and
+            (_has_parameters(m) or isinstance(m, _NORMS) or _is_activation(m))]
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(recurse=False), None) is not None
+
+
+def _followers(sequence: list) -> dict[str, str]:
     """{layer path: what follows it}: 'norm', an activation's name (lower case), or the next layer's type."""
-    sequence = [(path, m) for path, m in model.named_modules()
-                if path and not isinstance(m, _PASS_THROUGH) and
-                (next(m.parameters(recurse=False), None) is not None or isinstance(m, _NORMS) or _is_activation(m))]
     out = {}
     for (path, module), (_, after) in zip(sequence, sequence[1:]):
-        if next(module.parameters(recurse=False), None) is not None:
+        if _has_parameters(module):
             out[path] = type(after).__name__.lower() if _is_activation(after) else layer_type(after)
+    return out
+
+
+def _activation_inputs(sequence: list) -> dict[str, str]:
+    """{activation path: the layer with parameters right before it}: the layer whose output it takes."""
+    out, last = {}, None
+    for path, module in sequence:
+        if _is_activation(module) and last is not None:
+            out[path] = last
+        elif _has_parameters(module):
+            last = path
     return out
 
 
@@ -89,7 +109,8 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
     if optimizers is not None:
         optimized = {id(p) for o in optimizers for g in getattr(getattr(o, "optimizer", o), "param_groups", ())
                      for p in g["params"]}
-    followers = _followers(model)
+    sequence = _sequence(model)
+    followers = _followers(sequence)
     first: dict[int, str] = {}
     parameters = {}
     for layer, module in model.named_modules(remove_duplicate=False):
@@ -107,7 +128,9 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
                                          fan_out=fan_out, tied_to=first.get(id(param)),
                                          followed_by=followers.get(layer))
             first.setdefault(id(param), path)
-    return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters))
+    classes = tuple(type(getattr(o, "optimizer", o)).__name__ for o in optimizers or () if o is not None)
+    return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
+                     classes)
 
 
 def _in_parameter_order(model: nn.Module, parameters: dict) -> dict:

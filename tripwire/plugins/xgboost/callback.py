@@ -22,6 +22,7 @@ whether the verdict came from that rank's rules or from `tripwire watch`.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import xgboost as xgb
@@ -104,13 +105,14 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         config = booster_config(model)
         self._trees = booster_kind(config) in TREE_BOOSTERS
         self._state = "finished"
+        self._nonfinite = False  # a NaN/Inf loss of an unsampled round was acted on
         if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
             url = self._start(model, config, url, self.append)
         self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
         if self._rank != 0 and self.config.workers == "all":
             self._start(model, config, self.run_url, True)
-        if self._recorder is not None and self.eval_data is None and {"labels", "predictions"} & set(
-                self._plan.collections):
+        wanted = set(self.config.collections).union(*(spec.create().needs() for spec in self.config.rules))
+        if self._recorder is not None and self.eval_data is None and {"labels", "predictions"} & wanted:
             log.warning("tripwire: the config captures labels and predictions, but the callback has no eval_data: "
                         "pass TripwireCallback(..., eval_data=(X, y)).")
         return model
@@ -142,16 +144,23 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         if self._recorder is not None and self._recorder.clock:
             self._recorder.alive()
         collections, evaluated = self._plan.at("train", epoch), self._plan.at("eval", epoch)
-        if not (collections or evaluated):
+        train_loss, val_loss = eval_losses(evals_log)
+        # the training loss of a round that is not sampled: a NaN is acted on at its round (every worker sees the
+        # same eval log, so all of them decide together)
+        nonfinite = not collections and train_loss is not None and not math.isfinite(train_loss) and \
+            not self._nonfinite
+        if not (collections or evaluated or nonfinite):
             return False
+        self._nonfinite |= nonfinite
         decision = None
         if self._recorder is not None:
-            train_loss, val_loss = eval_losses(evals_log)
             if collections:
                 values, tensors = self._sample(model, epoch, evals_log, {c.name: c for c in collections})
                 if train_loss is not None and any(c.name == "losses" for c in collections):
                     values["losses/train"] = {VALUE: train_loss}
                 decision = self._recorder.record(epoch, "train", values, tensors)
+            elif nonfinite:
+                decision = self._recorder.check_loss(epoch, train_loss)
             metrics = next((c for c in evaluated if c.name == "metrics"), None)
             if val_loss is not None and metrics is not None and metrics.selects("val_loss"):
                 evaluation = self._recorder.record(epoch, "eval", {"metrics/val_loss": {VALUE: val_loss}})

@@ -1,0 +1,92 @@
+"""Checks before the model learns anything: the output layer, the loss and the labels, read from what the first
+step ran (the plain-torch probe and Lightning here; Keras in keras_cases.py, on every backend). Each buggy program
+has a fixed twin that must stay silent."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import helpers
+import tripwire
+from tripwire.plugins.lightning import TripwireCallback
+from tripwire.plugins.torch import TripwireProbe
+
+F = nn.functional
+
+
+def digits_tensors(n=512):
+    (x, y), _ = helpers.digits()
+    return torch.tensor(x[:n]), torch.tensor(y[:n], dtype=torch.long)
+
+
+# (id, the model's head after a Linear(64, 32) + ReLU body, the loss of (output, labels), the labels from the digit,
+#  the finding on the buggy program or None on its fixed twin)
+CASES = [
+    ("softmax_into_cross_entropy", lambda: nn.Sequential(nn.Linear(32, 10), nn.Softmax(dim=1)),
+     lambda out, y: F.cross_entropy(out, y), lambda y: y, "applied_twice"),
+    ("logits_into_cross_entropy", lambda: nn.Linear(32, 10),
+     lambda out, y: nn.CrossEntropyLoss()(out, y), lambda y: y, None),
+    ("one_unit_softmax", lambda: nn.Sequential(nn.Linear(32, 1), nn.Softmax(dim=1)),
+     lambda out, y: F.binary_cross_entropy(out.squeeze(1), y), lambda y: (y == 0).float(), "one_unit_softmax"),
+    ("one_unit_sigmoid", lambda: nn.Sequential(nn.Linear(32, 1), nn.Sigmoid()),
+     lambda out, y: nn.BCELoss()(out.squeeze(1), y), lambda y: (y == 0).float(), None),
+    ("sigmoid_for_targets_in_the_tens", lambda: nn.Sequential(nn.Linear(32, 1), nn.Sigmoid()),
+     lambda out, y: F.mse_loss(out.view(-1), y), lambda y: y.float() * 4 + 3, "unreachable_targets"),
+    ("linear_for_targets_in_the_tens", lambda: nn.Linear(32, 1),
+     lambda out, y: F.mse_loss(out.view(-1), y), lambda y: y.float() * 4 + 3, None),
+    ("relu_for_negative_targets", lambda: nn.Sequential(nn.Linear(32, 1), nn.ReLU()),
+     lambda out, y: F.l1_loss(out[:, 0], y), lambda y: y.float() - 4.5, "unreachable_targets"),
+    ("nll_on_logits", lambda: nn.Linear(32, 10),
+     lambda out, y: F.nll_loss(out, y), lambda y: y, "not_log_probabilities"),
+    ("nll_on_log_softmax", lambda: nn.Sequential(nn.Linear(32, 10), nn.LogSoftmax(dim=1)),
+     lambda out, y: F.nll_loss(out, y), lambda y: y, None),
+    ("softmax_under_mse_for_classes", lambda: nn.Sequential(nn.Linear(32, 10), nn.Softmax(dim=-1)),
+     lambda out, y: F.mse_loss(out, F.one_hot(y, 10).float()), lambda y: y, "classes_by_regression"),
+]
+
+
+@pytest.mark.parametrize("name,head,loss_of,labels_of,finding", CASES, ids=[c[0] for c in CASES])
+def test_the_probe_judges_the_output_loss_and_labels_of_the_first_step(tmp_path, name, head, loss_of, labels_of,
+                                                                        finding):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), head())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = digits_tensors()
+    with TripwireProbe(model, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        for step in range(8):
+            batch = slice(64 * step, 64 * step + 64)
+            optimizer.zero_grad()
+            loss = loss_of(model(x[batch]), labels_of(y[batch]))
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    fired = [v for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    assert [v.finding for v in fired] == ([finding] if finding else []), [v.message for v in fired]
+    if finding:
+        assert fired[0].step == 0 and fired[0].severity == ("error" if finding == "one_unit_softmax" else "warning")
+
+
+def test_lightning_looks_at_the_first_training_step_once_and_gives_it_back(tmp_path):
+    """The first sampled training_step runs under the look; the module's own method is put back after it."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10), nn.Softmax(dim=1))
+    module = helpers.classifier(net)
+    callback = TripwireCallback({"rules": ["loss_setup"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    helpers.fit(callback, module, max_epochs=1)
+    run = tripwire.open_run(callback.run_url)
+    (verdict,) = [v for v in run.verdicts() if v.fired]
+    assert verdict.finding == "applied_twice" and verdict.step == 0 and "cross_entropy" in verdict.message
+    (use,) = run.first_step.losses
+    assert (use.loss, use.output, use.units, use.labels.max) == ("cross_entropy", "softmax", 10, 9.0)
+    assert "training_step" not in module.__dict__
+
+
+def test_a_healthy_model_under_the_default_config_records_its_first_step_and_fires_nothing(tmp_path):
+    callback = TripwireCallback(None, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(), max_epochs=1)
+    run = tripwire.open_run(callback.run_url)
+    assert [v for v in run.verdicts() if v.fired] == []
+    (use,) = run.first_step.losses
+    assert (use.loss, use.reads, use.output, use.labels.integer) == ("cross_entropy", "logits", "linear", True)
+    assert np.isclose(use.labels.min, 0) and use.labels.distinct > 5

@@ -1,0 +1,121 @@
+"""What a plugin sees of the training at its first step: each loss, how it reads its input, what produced that input
+(the output layer's activation), and the labels it compares them with.
+
+Bugs of this kind are there before the model has learned anything: a softmax before a loss that applies it again,
+logits into a loss that expects probabilities, a softmax over one unit, a sigmoid output for targets in the tens,
+labels that are not class ids. Each plugin reads these facts from its framework once, at the first step (torch:
+the loss functions the training step calls and the operations that produced their inputs; Keras: the compiled
+loss and the output layer), and the recorder stores them in the run (`first_step/<worker>.json`), so that the
+rules judge them in the training process, in `tripwire watch` and offline alike (tripwire.core.rules.setup).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+# How each loss reads its input (canonical names, shared by the frameworks' spellings): as logits, as
+# probabilities, as log-probabilities, or as values (a regression).
+READS = {
+    "cross_entropy": "logits", "binary_cross_entropy_with_logits": "logits", "multilabel_soft_margin_loss": "logits",
+    "nll_loss": "log_probabilities", "kl_div": "log_probabilities",
+    "binary_cross_entropy": "probabilities",
+    "mse_loss": "values", "l1_loss": "values", "smooth_l1_loss": "values", "huber_loss": "values",
+}
+# What each loss learns: a class among several (ids, or one-hot / soft rows), a yes/no per output, or values.
+KINDS = {
+    "cross_entropy": "categorical", "nll_loss": "categorical", "kl_div": "distribution",
+    "binary_cross_entropy": "binary", "binary_cross_entropy_with_logits": "binary",
+    "multilabel_soft_margin_loss": "binary",
+    "mse_loss": "regression", "l1_loss": "regression", "smooth_l1_loss": "regression", "huber_loss": "regression",
+}
+ACTIVATIONS = ("softmax", "log_softmax", "sigmoid", "tanh", "relu", "linear")
+# The values an output activation can take: what a regression's targets must lie within.
+RANGES = {"sigmoid": (0.0, 1.0), "softmax": (0.0, 1.0), "tanh": (-1.0, 1.0), "relu": (0.0, float("inf"))}
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Statistics of the targets of the first batch."""
+
+    dtype: str
+    shape: tuple
+    min: float
+    max: float
+    integer: bool  # every value a whole number
+    distinct: int  # distinct values (counted up to 1000)
+    one_hot: bool  # rows of zeros with a single one
+
+    @classmethod
+    def of(cls, array) -> Labels | None:
+        """The statistics of an array of targets; None for an empty or non-numeric one."""
+        a = np.asarray(array)
+        if a.size == 0 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+            return None
+        values = a.astype(np.float64, copy=False)
+        finite = values[np.isfinite(values)]
+        if finite.size == 0:
+            return None
+        one_hot = a.ndim >= 2 and a.shape[-1] >= 2 and bool(np.all((values == 0) | (values == 1))) and \
+            bool(np.all(values.sum(axis=-1) == 1))
+        return cls(str(a.dtype), tuple(int(d) for d in a.shape), float(finite.min()), float(finite.max()),
+                   bool(np.all(finite == np.round(finite))), min(len(np.unique(finite)), 1000), one_hot)
+
+
+@dataclass(frozen=True)
+class LossUse:
+    """One loss as the training step used it.
+
+    loss: its canonical name (READS); reads: logits | probabilities | log_probabilities | values; kind: KINDS.
+    output: the activation that produced its input (ACTIVATIONS: `linear` for none), None where unknown.
+    units: the size of the input's class dimension (the outputs per sample), where it has one.
+    over_one: the softmax that produced the input ran over a dimension of one unit (always 1).
+    labels: the targets' statistics, where the plugin saw them with the loss.
+    settings: the loss's own (from_logits, reduction, label_smoothing, …), as plain values.
+    """
+
+    loss: str
+    reads: str
+    kind: str
+    output: str | None = None
+    units: int | None = None
+    over_one: bool = False
+    labels: Labels | None = None
+    settings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    step: int
+    losses: tuple = ()
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "losses": [{**asdict(u), "labels": asdict(u.labels) if u.labels else None}
+                                              for u in self.losses]}
+
+    @classmethod
+    def from_dict(cls, data) -> FirstStep | None:
+        """From its stored form; None for anything that is not one (a foreign or damaged file)."""
+        try:
+            losses = []
+            for entry in data["losses"]:
+                labels = entry.get("labels")
+                labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
+                losses.append(LossUse(**{**entry, "labels": labels}))
+            return cls(int(data["step"]), tuple(losses))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
+             labels=None, **settings) -> LossUse | None:
+    """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
+    if loss not in READS:
+        return None
+    reads = "logits" if loss == "binary_cross_entropy" and settings.get("from_logits") else READS[loss]
+    if loss in ("cross_entropy", "binary_cross_entropy") and settings.get("from_logits") is False:
+        reads = "probabilities"
+    return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
+                   Labels.of(labels) if labels is not None else None,
+                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))})

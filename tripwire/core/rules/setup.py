@@ -1,0 +1,123 @@
+"""Rules over the training's setup, judged once, at the first step: the output layer, the loss and the labels.
+
+They read what the plugin saw of the first step (`run.first_step`, tripwire.core.firststep): each loss, how it
+reads its input, what produced that input, and the labels. These bugs cost nothing to find before the model has
+learned anything, and everything the other rules see later (a loss that does not go down, vanishing gradients)
+follows from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..firststep import RANGES
+from .base import NotApplicable, Requirement, Rule
+
+
+@dataclass
+class LossSetup(Rule):
+    """An output layer, a loss and labels that do not fit each other."""
+
+    name = "loss_setup"
+    modes = ("train",)
+    condition = ("at the first step, for each loss the training step used: a softmax over one unit feeds it (error: "
+                 "the output is always 1, nothing learns); a softmax or sigmoid output feeds a loss that applies it "
+                 "again (CrossEntropyLoss, BCEWithLogitsLoss, from_logits=True); an output that is not probabilities "
+                 "(linear, ReLU, tanh) feeds a loss that reads probabilities (from_logits=False, BCELoss); an output "
+                 "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
+                 "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
+                 "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
+                 "that takes ids, class ids beyond the outputs, or binary targets outside [0, 1]")
+    hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
+            "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
+            "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
+            "sparse loss, one-hot rows for a categorical one. The message names the change to make.")
+    source = ("DeepDiagnosis (Wardat et al., ICSE 2022) and AUTOTRAINER list a wrong last-layer activation for the "
+              "loss and wrongly encoded labels among the commonest training bugs (Islam et al., FSE 2019); "
+              "DeepDiagnosis reads them from the program, here from what the framework ran at the first step.")
+
+    def __post_init__(self):
+        self._done: set = set()
+
+    def requires(self):
+        # the first batch's labels, which a plugin that cannot see them with the loss (Keras) takes from the capture
+        return [Requirement("labels", save_tensors=True, steps=(0,), optional=True)]
+
+    def check(self, run, step):
+        if run.default_worker in self._done:
+            return None
+        first = run.first_step
+        if first is None:
+            if run.model is None:  # a booster, or a run from before first steps were recorded: not this rule's
+                return None
+            raise NotApplicable("the plugin recorded nothing of the loss at the first step (training began before "
+                                "tripwire was attached, or the loss is computed where the plugin cannot see it)")
+        self._done.add(run.default_worker)
+        found = []
+        for use in first.losses:
+            for finding, severity, message in _problems(use):
+                found.append(self.fire(step, f"{_name(use)}: {message}", severity=severity, finding=finding,
+                                       onset=first.step, loss=use.loss, output=use.output, units=use.units,
+                                       settings=use.settings))
+        return found or None
+
+
+def _name(use) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in use.settings.items() if k in ("from_logits", "targets"))
+    return f"{use.loss}({settings})" if settings else use.loss
+
+
+def _problems(use):
+    """(finding, severity, message) for each way this loss, its input and its labels do not fit."""
+    out, labels, output = [], use.labels, use.output
+    if use.over_one:
+        out.append(("one_unit_softmax", "error", "its input is a softmax over a single unit, which is 1 whatever "
+                    "the model computes: the loss has no gradient and nothing learns. Use a sigmoid for one output "
+                    "unit (or BCEWithLogitsLoss / from_logits=True on the raw output), or one unit per class."))
+    elif use.reads == "logits" and output in ("softmax", "sigmoid"):
+        out.append(("applied_twice", "warning", f"the output goes through a {output}, and the loss applies "
+                    f"{output} again: the model learns slowly or not at all. Remove the output's {output} (keep it "
+                    "for prediction), or use a loss on probabilities (from_logits=False)."))
+    elif use.reads == "probabilities" and output in ("linear", "relu", "tanh"):
+        out.append(("not_probabilities", "warning", f"the loss reads its input as probabilities, but the output "
+                    f"is {'raw logits' if output == 'linear' else f'a {output}'}: the loss clips it and computes "
+                    "something else. Pass from_logits=True (or use BCEWithLogitsLoss / CrossEntropyLoss), or put a "
+                    "softmax/sigmoid on the output."))
+    elif use.reads == "log_probabilities" and output in ("softmax", "sigmoid", "linear"):
+        out.append(("not_log_probabilities", "warning", f"the loss reads log-probabilities, but the output is "
+                    f"{'raw logits' if output == 'linear' else f'a {output}'}. Use log_softmax on the output, or "
+                    "CrossEntropyLoss on the logits."))
+    if use.kind == "regression" and labels is not None:
+        low, high = RANGES.get(output, (float("-inf"), float("inf")))
+        if labels.min < low - 1e-6 or labels.max > high + 1e-6:
+            out.append(("unreachable_targets", "warning", f"the output is a {output}, which stays within [{low:g}, "
+                        f"{high:g}], but the targets run from {labels.min:.4g} to {labels.max:.4g}: the model can "
+                        "never reach them. Use a linear output for these targets (or scale the targets into the "
+                        "range)."))
+        if output == "softmax" or labels.one_hot:
+            out.append(("classes_by_regression", "warning", "classes are learned with a regression loss (mean "
+                        "squared or absolute error on a softmax or on one-hot targets): its gradient vanishes as "
+                        "the outputs saturate. Use cross-entropy on the logits."))
+    if use.kind == "categorical" and labels is not None:
+        out += _class_labels(use, labels)
+    if use.kind == "binary" and labels is not None and (labels.min < 0 or labels.max > 1):
+        out.append(("binary_targets", "warning", f"a binary loss with targets from {labels.min:.4g} to "
+                    f"{labels.max:.4g}: it expects 0 or 1 (or a probability). Map the labels to 0/1, or use a "
+                    "categorical loss for more than two classes."))
+    return out
+
+
+def _class_labels(use, labels):
+    shaped_as_ids = len(labels.shape) <= 1 or labels.shape[-1] == 1
+    if use.settings.get("targets") != "ids" and (not shaped_as_ids or use.settings.get("targets") == "one_hot"):
+        return []  # one-hot or soft rows (Keras refuses class ids for a categorical loss itself)
+    if not labels.integer:
+        return [("not_class_ids", "warning", f"the loss takes class ids, but the labels are not whole numbers "
+                 f"(from {labels.min:.4g} to {labels.max:.4g}): they are cast to integers and most become one class "
+                 "(labels scaled like inputs, e.g. divided by 255?). Give the class ids as they are.")]
+    ignored = use.settings.get("ignore_index", -100)  # padding a loss leaves out
+    if (use.units and labels.max >= use.units) or (labels.min < 0 and labels.min != ignored):
+        return [("ids_out_of_range", "warning", f"class ids run from {labels.min:.4g} to {labels.max:.4g}, but "
+                 f"the output has {use.units} units: ids must lie in 0..{(use.units or 1) - 1}. Check the number "
+                 "of output units and the label encoding.")]
+    return []

@@ -1,0 +1,102 @@
+"""What a torch training step does with its loss, seen once, at the first step (tripwire.core.firststep).
+
+`LossSpy` is a torch function mode: while it is active, every torch function the step calls passes through it.
+It notes which operation produced each tensor (following views and reshapes back to the operation that made the
+values), and, for each loss function called (`F.cross_entropy`, `nn.BCELoss`, `F.mse_loss`, …), what produced its
+input, the input's class dimension and the targets. It is active for the first sampled step's forward pass and
+loss only: no other step pays for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+from tripwire.core.firststep import READS, FirstStep, loss_use
+
+log = logging.getLogger("tripwire")
+
+# Operations whose output is the activation named (the rest of the output layer's operations are linear maps).
+PRODUCERS = {"softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "sigmoid", "tanh": "tanh",
+             "relu": "relu", "linear": "linear", "addmm": "linear", "matmul": "linear", "conv1d": "linear",
+             "conv2d": "linear", "conv3d": "linear", "bilinear": "linear", "einsum": "linear", "mm": "linear",
+             "bmm": "linear"}
+# Operations that pass their input's values on, rearranged or cast: the producer is the input's.
+PASS_ON = {"__getitem__", "squeeze", "unsqueeze", "view", "reshape", "flatten", "contiguous", "float", "double",
+           "half", "bfloat16", "to", "type_as", "permute", "transpose", "t", "clone", "view_as", "reshape_as",
+           "select", "narrow", "expand", "expand_as", "unflatten", "movedim"}
+# Class dimension of a loss's input: 1 for the categorical losses (N, C, …), the last for the others.
+CLASS_DIM = {"cross_entropy": 1, "nll_loss": 1}
+
+
+class LossSpy(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.losses: list = []
+        self._made_by: dict = {}  # id(tensor) -> (weak reference, producing activation, softmax over one unit)
+        self.done = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.done:
+            return out
+        try:
+            self._note(getattr(func, "__name__", ""), args, kwargs, out)
+        except Exception as exc:  # noqa: BLE001 - a look at the step must never change it
+            log.debug("tripwire: first-step look at %s failed: %s", func, exc)
+        return out
+
+    def _note(self, name: str, args, kwargs, out) -> None:
+        if name in READS:
+            self._loss(name, args, kwargs)
+        if not isinstance(out, torch.Tensor):
+            return
+        if name in PRODUCERS:
+            over_one = name == "softmax" and _softmax_over_one(out, args, kwargs)
+            self._made_by[id(out)] = (weakref.ref(out), PRODUCERS[name], over_one)
+        elif name in PASS_ON and args and isinstance(args[0], torch.Tensor):
+            made = self._producer(args[0])
+            if made is not None:
+                self._made_by[id(out)] = (weakref.ref(out), *made)
+
+    def _producer(self, tensor) -> tuple | None:
+        entry = self._made_by.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return None
+        return entry[1:]
+
+    def _loss(self, name: str, args, kwargs) -> None:
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        prediction = kwargs.get("input", inputs[0] if inputs else None)
+        target = kwargs.get("target", inputs[1] if len(inputs) > 1 else None)
+        if not isinstance(prediction, torch.Tensor):
+            return
+        made = self._producer(prediction)
+        dim = CLASS_DIM.get(name, -1)
+        units = int(prediction.shape[dim]) if prediction.dim() >= (2 if dim == 1 else 1) else None
+        labels = target.detach().to("cpu").numpy() if isinstance(target, torch.Tensor) and \
+            target.layout == torch.strided and not target.is_meta else None
+        settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
+        use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, **settings)
+        if use is not None:
+            self.losses.append(use)
+
+    def finish(self, step: int) -> FirstStep:
+        """Stop looking (leaving the mode where it is still the innermost one) and give what was seen."""
+        self.done = True
+        stack = _get_current_function_mode_stack()
+        if stack and stack[-1] is self:
+            self.__exit__(None, None, None)
+        elif self in stack:  # a mode the step entered is still on top: this one passes everything through
+            log.debug("tripwire: the first-step look stays under another torch function mode")
+        self._made_by = {}
+        return FirstStep(step, tuple(self.losses))
+
+
+def _softmax_over_one(out: torch.Tensor, args, kwargs) -> bool:
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return isinstance(dim, int) and out.dim() > 0 and out.shape[dim] == 1

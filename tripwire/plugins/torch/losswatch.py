@@ -1,0 +1,62 @@
+"""The training loss of every step, judged for NaN/Inf without holding training up.
+
+Shared by the Lightning callback and the plain-loop probe. On the CPU the loss is read at once (a scalar read,
+about a microsecond). On an accelerator, reading it would wait for the device: its finiteness is copied to
+pinned host memory without waiting, and judged at a later step once the copy is done (a step whose copy is not
+done yet is not judged, so no step ever waits).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class LossWatch:
+    def __init__(self):
+        self._pending = None  # (step, event) of an accelerator's loss whose finiteness is being copied
+        self._flag = None  # the pinned host buffer those copies go to
+
+    def see(self, step: int, loss) -> tuple[int, float] | None:
+        """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an
+        accelerator); None otherwise. `loss` is the step's loss (a tensor, a number, or None)."""
+        found = self._judge_pending()
+        if found is not None or loss is None:
+            return found
+        if not isinstance(loss, torch.Tensor):
+            value = float(loss)
+            return None if math.isfinite(value) else (step, value)
+        loss = loss.detach()
+        if loss.device.type == "cpu":
+            return _on_host(step, loss)
+        if loss.device.type != "meta" and self._pending is None:
+            self._copy(step, loss)
+        return None
+
+    def _copy(self, step: int, loss: torch.Tensor) -> None:
+        try:
+            if self._flag is None:
+                self._flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
+            self._flag.copy_(torch.isfinite(loss).all(), non_blocking=True)
+            event = getattr(torch, loss.device.type).Event()
+            event.record()
+            self._pending = (step, event)
+        except (AttributeError, RuntimeError):  # a device without events or pinned memory: not judged
+            self._pending = None
+
+    def _judge_pending(self) -> tuple[int, float] | None:
+        if self._pending is None or not self._pending[1].query():
+            return None
+        step, _ = self._pending
+        self._pending = None
+        return None if bool(self._flag) else (step, float("nan"))
+
+
+def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:
+    if loss.numel() == 1:
+        value = loss.item()
+        return None if math.isfinite(value) else (step, float(value))
+    if bool(torch.isfinite(loss).all()):  # a loss per sample (reduction "none")
+        return None
+    return step, float(loss.float().mean())
