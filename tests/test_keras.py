@@ -346,3 +346,35 @@ def test_fit_imports_nothing_of_tripwire_or_its_storage(tmp_path):
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_save_tensor_of_any_kind_inside_the_step_never_reaches_training(tmp_path, caplog):
+    """TensorFlow's sparse and ragged tensors and strings are skipped, said once each; complex (as its magnitude),
+    bfloat16, float8, numpy arrays and numbers are stored; the losses of every step are kept."""
+    import tensorflow as tf
+
+    cb = TripwireCallback({"collections": {"losses": {}, "custom": {"save": "tensors"}}, "sampling": {"every": 1},
+                           "rules": []}, out_dir=tmp_path / "run")
+
+    class Saver(keras.layers.Layer):
+        def call(self, x):
+            d = tf.constant([[0.0, 3.0], [4.0, 0.0]])
+            for name, value in {"sparse": tf.sparse.from_dense(d), "ragged": tf.ragged.constant([[1.0, 2.0], [3.0]]),
+                                "string": tf.constant(["a", "b"]), "complex": tf.complex(d, d),
+                                "bf16": tf.cast(d, tf.bfloat16), "f8": keras.ops.cast(d, "float8_e4m3fn"),
+                                "numpy": np.ones(3), "number": 1.5}.items():
+                cb.save_tensor(name, value)
+            return x
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), Saver(), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(np.random.rand(64, 8).astype("float32"), np.random.randint(0, 2, 64), batch_size=16, epochs=2,
+              verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == list(range(8)) and len(run.tensor("losses/train").steps()) == 8
+    assert run.tensor("custom/complex").value(3).ravel() == pytest.approx([0, 3 * 2 ** 0.5, 4 * 2 ** 0.5, 0])
+    assert run.tensor("custom/bf16").value(3).tolist() == [[0.0, 3.0], [4.0, 0.0]]
+    assert {"custom/f8", "custom/numpy", "custom/number"} <= set(run.tensor_names())
+    said = [r.getMessage() for r in caplog.records if "is not captured" in r.getMessage()]
+    assert sorted(m.split()[1] for m in said) == ["custom/ragged", "custom/sparse", "custom/string"]

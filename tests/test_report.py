@@ -22,7 +22,7 @@ from sklearn import metrics
 
 import helpers
 import tripwire
-from tripwire.core import curves, report_html
+from tripwire.core import curves, report, report_html
 from tripwire.core.recorder import Recorder
 
 CHROMIUM = "/usr/bin/chromium"
@@ -157,8 +157,9 @@ def test_the_report_action_builds_off_the_training_thread(monkeypatch):
         release.wait(5)
 
     monkeypatch.setattr(report_html, "write_report", slow_build)
+    monkeypatch.setattr(report, "write_json_report", lambda store, verdicts: None)
     monkeypatch.setattr("tripwire.core.run.Run", lambda store: store)
-    background = report_html.BackgroundReport(store=types.SimpleNamespace(url_of=lambda rel: rel))
+    background = report.BackgroundReport(store=types.SimpleNamespace(url_of=lambda rel: rel))
     started = time.monotonic()
     background.request([0])
     while not built:  # the first build is under way ...

@@ -23,6 +23,7 @@ _EXPORTS = {
     "RunDamaged": "tripwire.core.errors",
     "TensorUnavailable": "tripwire.core.errors",
     "StepUnavailable": "tripwire.core.errors",
+    "OutsideRun": "tripwire.core.errors",
     "StorageError": "tripwire.core.errors",
     "StoreUnavailable": "tripwire.core.errors",
     "RuleFired": "tripwire.core.errors",

@@ -31,6 +31,11 @@ class RunDamaged(TripwireError, ValueError):
     removed. The message names the file; `run.skipped` lists every such file found so far."""
 
 
+class OutsideRun(TripwireError):
+    """A path of a run that leads out of the run's folder (a symbolic link): tripwire reads and writes a run's own
+    folder only, and says which link it did not follow."""
+
+
 class TensorUnavailable(TripwireError, LookupError):
     """A tensor (or one of its reductions, modes or workers) that the run does not hold."""
 

@@ -36,8 +36,9 @@ MAX_RUNS_BESIDE = 10_000  # out_dir-1 … out_dir-N: the runs a fixed out_dir ca
 
 
 def make_run_url(config: Config, out_dir=None) -> str:
-    """Where a new run goes: `out_dir` if given, else the config's `output` with a fresh {run_id}."""
-    return output_url(str(out_dir) if out_dir is not None else config.output, new_run_id()).rstrip("/")
+    """Where a new run goes: `out_dir` if given, else the config's `output` with a fresh {run_id}; ValueError for
+    one that names no folder of its own (check_run_url)."""
+    return check_run_url(output_url(str(out_dir) if out_dir is not None else config.output, new_run_id())).rstrip("/")
 
 
 def prepare_storage(config: Config, out_dir=None, storage_options: dict | None = None) -> None:
@@ -47,7 +48,7 @@ def prepare_storage(config: Config, out_dir=None, storage_options: dict | None =
     that cannot be opened fails where it always did, when the run opens."""
     import fsspec
 
-    check_run_url(make_run_url(config, out_dir))
+    make_run_url(config, out_dir)
     try:
         fsspec.core.url_to_fs(str(out_dir) if out_dir is not None else config.output,
                               **{**config.storage_options, **(storage_options or {})})
@@ -91,7 +92,7 @@ class Recorder:
         self._inbox_lock = threading.Lock()
         self._seen_verdicts: set[str] | None = None
         self._watcher: WatcherLink | None = None  # side_process, worker 0: the link to `tripwire watch`
-        self._html_report = None  # report_html.BackgroundReport, once the `report` action ran
+        self._report = None  # report.BackgroundReport, once the `report` action ran
         self._budget: TensorBudget | None = None  # of the step being captured
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
         self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
@@ -168,13 +169,13 @@ class Recorder:
             if self._watcher is not None:
                 self._watcher.stop()
             if self._tensorboard is not None:
-                self._tensorboard.close()
+                self._tensorboard.close(self.config.writer.close_timeout_s)
         if not closed or not writer.opened.is_set():
             return  # storage did not answer in time: no report either, the process must not wait on it
         if any(a.name == "report" for actions in self._actions.values() for a in actions):
             self.write_report()  # after the close: the final report sees everything stored
-        if self._html_report is not None:
-            self._html_report.wait(self.config.writer.close_timeout_s)
+        if self._report is not None:
+            self._report.wait(self.config.writer.close_timeout_s)
 
     def _log_summary(self) -> None:
         """At the end of training, one block per diagnosis (WARNING), or one line saying what was checked and that
@@ -205,7 +206,7 @@ class Recorder:
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         if self._budget is not None and self._budget.left_out:
-            self.writer.left_out(step, self._budget.left_out)
+            self.writer.left_out(step, self._budget.left_out, self._budget.asked)
         self._budget = None
         self.writer.put(Sample(step, mode, values, tensors or {}))
         if self._tensorboard is not None:
@@ -256,23 +257,18 @@ class Recorder:
             decision.merge(self._act(verdict))
         return decision
 
-    def checkpoint_url(self, verdict: Verdict, suffix: str) -> str:
-        safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in verdict.rule)
-        return self.store.url_of(f"checkpoints/{safe}-step{verdict.step}-worker{verdict.worker}{suffix}")
+    def save_checkpoint(self, rel: str, data: bytes) -> None:
+        """A checkpoint the plugin made in memory (or on a local disk), written into the run by the writer thread:
+        storage that is slow or hangs never holds a training step up. Said in the log once it is written."""
+        self.writer.put_object(rel, bytes(data), exclusive=False, done=f"checkpoint written to {self.store.url_of(rel)}")
 
     def write_report(self) -> None:
-        """report.json now; report.html in a background thread (drawing it takes seconds), on worker 0 only."""
-        from .report import write_json_report
+        """report.json, and report.html on worker 0, in a background thread (drawing takes seconds, and storage
+        may hang): training goes on."""
+        from .report import BackgroundReport
 
-        try:
-            write_json_report(self.store, self.verdicts)
-        except Exception as exc:  # noqa: BLE001 - a report must not stop training
-            log.warning("tripwire: could not write the report: %s", exc)
-        if self.worker == 0:
-            from .report_html import BackgroundReport
-
-            self._html_report = self._html_report or BackgroundReport(self.store)
-            self._html_report.request(self.verdicts)
+        self._report = self._report or BackgroundReport(self.store, html=self.worker == 0)
+        self._report.request(self.verdicts)
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _act(self, verdict: Verdict) -> Decision:

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from .shardfile import dtype_code
+
 DESCRIPTIONS = {
     "min": "smallest element",
     "max": "largest element",
@@ -236,6 +238,20 @@ _COMPUTE = {
     "p95": lambda p: p.percentiles()[1],
     "size": lambda p: float(p.n),
 }
+
+
+def plain_array(value) -> np.ndarray:
+    """An array's values as numbers tripwire reduces and stores: real float32/float64, integers and booleans as
+    they are; complex as its magnitude; bfloat16, float8 and other number types as float32. TypeError for what
+    holds no numbers (strings, objects)."""
+    x = np.asarray(value)
+    if x.dtype.kind == "c":
+        return np.abs(x)
+    if x.dtype.kind in "OSUa":
+        raise TypeError(f"it holds {x.dtype} values, not numbers")
+    if dtype_code(x) is not None:
+        return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
+    return x.astype(np.float32)  # ml_dtypes' bfloat16 and float8_* (numpy kind 'V'), longdouble
 
 
 def reduce(array, names, kind: str = "") -> dict[str, float]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import threading
-import time
 
 import numpy as np
 
@@ -373,49 +371,3 @@ def _labels_and_predictions(run):
             except ValueError as exc:
                 reason = f"{labels[0]} and {predictions[0]} at {mode} step {step} cannot be used: {exc}."
     return reason
-
-
-# -- the report action, off the training thread -------------------------------------------------------------------
-class BackgroundReport:
-    """Builds a run's HTML report in a background thread, one build at a time. A request during a build makes one
-    more build after it (requests in between coalesce into it), so the last request is always honoured."""
-
-    def __init__(self, store):
-        self.store = store
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._wanted: list | None = None
-        self._warned = False
-
-    def request(self, verdicts: list) -> None:
-        with self._lock:
-            self._wanted = list(verdicts)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="tripwire-report", daemon=True)
-                self._thread.start()
-
-    def wait(self, timeout: float = 300.0) -> None:
-        """Wait for the builds asked for so far (at the end of training)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-
-    def _loop(self) -> None:
-        from .run import Run
-
-        while True:
-            with self._lock:
-                verdicts, self._wanted = self._wanted, None
-                if verdicts is None:
-                    self._thread = None
-                    return
-            started = time.monotonic()
-            try:
-                write_report(Run(self.store), verdicts=verdicts)
-                log.info("tripwire: report written to %s in %.1fs", self.store.url_of(REPORT),
-                         time.monotonic() - started)
-            except Exception as exc:  # noqa: BLE001 - a report must never take training down
-                if not self._warned:
-                    self._warned = True
-                    hint = " (pip install 'tripwire[report]')" if isinstance(exc, ImportError) else ""
-                    log.warning("tripwire: could not write the HTML report%s: %s: %s", hint, type(exc).__name__, exc)

@@ -2,8 +2,8 @@
 reads of their entries, each checked against its checksum (store format 2, docs/format.md).
 
 `CheckedFiles` is a part of `Run` (its base class); it holds no state of its own, and reads the run's `store`,
-`url`, `skipped`, `_foreign_files`, `_listed` (worker -> shard numbers listed) and `_sections` (series sections
-kept in memory)."""
+`url`, `skipped`, `_foreign_files`, `_listed` (worker -> shard numbers listed), `_sections` (series sections
+kept in memory) and `verdicts()`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ class CheckedFiles:
     @property
     def damaged(self) -> dict[str, str]:
         """{file: why} of the run's own files found damaged, cut short or missing (`skipped` also lists files
-        that are not tripwire's). Reads the workers' statuses, which count the shards they wrote."""
+        that are not tripwire's). Reads the workers' statuses, which count the shards they wrote, and the
+        verdicts."""
         self._check_tails(self._statuses())
+        self.verdicts()
         return {rel: why for rel, why in self.skipped.items() if rel not in self._foreign_files}
 
     def damage_note(self) -> str | None:

@@ -33,9 +33,11 @@ class TensorBudget:
     def __init__(self, room: int):
         self.room = room
         self.left_out: dict[str, int] = {}  # name -> bytes
+        self.asked = 0  # bytes of every full tensor the step asked to copy, left out or not
 
     def take(self, name: str, nbytes: int) -> bool:
         """Whether to copy this tensor (and count it against the room)."""
+        self.asked += nbytes
         if nbytes > self.room:
             self.left_out[name] = nbytes
             return False

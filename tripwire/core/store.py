@@ -23,6 +23,7 @@ import socket
 import time
 import uuid
 
+from .errors import OutsideRun
 from .shardfile import crc_of
 
 # 2: every header, data entry and JSON object carries a crc32 (docs/format.md); runs of format 1 still open
@@ -34,6 +35,7 @@ MANIFEST = "run.json"
 SHARD_RE = re.compile(r"^(\d{5})-(\d{8})\.safetensors$")
 INDEX_RE = re.compile(r"^(\d{5})-(\d{8})\.safetensors$")
 TEMP_PREFIX = ".tmp-"
+MAX_JSON_BYTES = 64 << 20  # a manifest, status, verdict or first-step record is far smaller
 
 
 def shard_name(worker: int, seq: int) -> str:
@@ -111,14 +113,14 @@ class Store:
 
     def _confined(self, path: str) -> str:
         """A local path, if it lies inside the run's folder once symlinks are resolved: a run never makes tripwire
-        read or write outside it (a crafted run's `watcher/` linked to elsewhere). PermissionError otherwise."""
+        read or write outside it (a crafted run's `watcher/` linked to elsewhere). OutsideRun otherwise."""
         if not self.local or path in self._inside:
             return path
         root = os.path.realpath(self.root)
         real = os.path.realpath(path)
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise PermissionError(f"{path} leads out of the run's folder {self.root} (a symbolic link); tripwire "
-                                  "does not follow it.")
+            raise OutsideRun(f"{path} leads out of the run's folder {self.root} (a symbolic link); tripwire does "
+                             "not follow it. Replace the link with the folder it points to, or remove it.")
         self._inside.add(path)
         return path
 
@@ -183,8 +185,13 @@ class Store:
         self.put(rel, sealed_json(obj))
 
     def get_json(self, rel: str, required: bool = False):
-        """The object, its checksum verified (see `opened_json`)."""
-        return opened_json(self.get(rel), required)
+        """The object, its checksum verified (see `opened_json`); DamagedObject for one over MAX_JSON_BYTES, which
+        tripwire never writes (it is not read whole: a crafted file must not take the reader's memory)."""
+        data = self.get(rel, 0, MAX_JSON_BYTES + 1)
+        if len(data) > MAX_JSON_BYTES:
+            raise DamagedObject(f"it holds more than {MAX_JSON_BYTES >> 20} MiB, more than any JSON object tripwire "
+                                "writes")
+        return opened_json(data, required)
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
@@ -246,6 +253,8 @@ def check_run_url(url: str) -> str:
     the working directory itself. Raises ValueError saying what to pass instead."""
     text = str(url).strip()
     protocol, _, path = text.rpartition("://")
+    if not protocol and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:/*", text):  # "file:", "s3:/": a protocol alone
+        protocol, path = text.split(":", 1)[0], ""
     bare = path.strip().rstrip("/")
     local = protocol in ("", "file", "local")
     named = os.path.abspath(os.path.expanduser(bare)) if local and bare else bare

@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .naming import MODE_RE
 
@@ -68,7 +68,7 @@ class Verdict:
         return hashlib.sha1(about.encode()).hexdigest()[:12]
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it copies evidence as it is
         out["evidence"] = jsonable(self.evidence)
         if self.onset is None:  # not known: absent, never null
             del out["onset"]
@@ -101,18 +101,24 @@ class Verdict:
         return text
 
 
-def jsonable(value):
+MAX_DEPTH = 32  # evidence nested deeper (or holding itself) is kept as text from there on
+
+
+def jsonable(value, depth: int = 0):
     """Evidence as plain JSON data, whatever a rule put in it: numpy scalars and arrays to numbers and lists, NaN and
-    ±Inf to strings, tuples and sets to lists, anything else to its text. A verdict is stored whole: its evidence
-    can never make it fail to write (that would read as a storage failure)."""
+    ±Inf to strings, tuples and sets to lists, anything else (and anything nested past MAX_DEPTH, such as a
+    structure that holds itself) to its text. A verdict is stored whole: its evidence can never make it fail to
+    write (that would read as a storage failure)."""
+    if depth > MAX_DEPTH:
+        return f"<nested deeper than {MAX_DEPTH}>"
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((jsonable(v) for v in value), key=str)
+        return sorted((jsonable(v, depth + 1) for v in value), key=str)
     if hasattr(value, "tolist"):  # numpy scalars and arrays
-        return jsonable(value.tolist())
+        return jsonable(value.tolist(), depth + 1)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if value is None or isinstance(value, (str, int, float, bool)):

@@ -18,6 +18,7 @@ a writer that resumes a run starts from the counts stored there.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import itertools
 import logging
@@ -39,6 +40,19 @@ STATUS_EVERY_S = 5.0
 FLUSH_BYTES = 64 << 20  # flush early when this much is buffered
 
 
+@dataclasses.dataclass
+class _Object:
+    """An object queued for the writer thread (Writer.put_object)."""
+
+    rel: str
+    data: bytes
+    exclusive: bool
+    done: str
+
+    def write(self, store):
+        return functools.partial(store.create if self.exclusive else store.put, self.rel, self.data)
+
+
 class Writer:
     def __init__(self, store: Store, worker: int, config, *, opening=None, poll=None, poll_s: float = 0.25,
                  status: dict | None = None):
@@ -53,6 +67,7 @@ class Writer:
         self._verdict_keys: set[str] = set()  # the verdicts the run holds (Verdict.key): each is stored once
         self.shards_written = 0
         self.dropped_steps = self.lost_steps = self.partial_steps = 0
+        self._partial_step = None  # the last step counted in partial_steps
         self.error: BaseException | None = None
         self.last_step: int | None = None
         self.alive_at: float | None = None  # when the training process last reported a step (Recorder.alive)
@@ -154,26 +169,29 @@ class Writer:
                 self._cond.notify()
         return True
 
-    def left_out(self, step: int, tensors: dict[str, int]) -> None:
-        """A plugin did not copy these full tensors ({name: bytes}) of a step: they did not fit (TensorBudget)."""
+    def left_out(self, step: int, tensors: dict[str, int], asked: int = 0) -> None:
+        """A plugin did not copy these full tensors ({name: bytes}) of a step: they did not fit (TensorBudget).
+        asked: the bytes of all the full tensors the step asked for."""
         with self._cond:
-            self._leave_out(step, tensors)
+            self._leave_out(step, tensors, asked)
 
-    def _leave_out(self, step: int, tensors: dict[str, int]) -> None:
-        self.partial_steps += 1
+    def _leave_out(self, step: int, tensors: dict[str, int], asked: int = 0) -> None:
+        if step != self._partial_step:  # a step the plugin and then the queue left tensors out of counts once
+            self._partial_step = step
+            self.partial_steps += 1
         if not self._warned_partial:
             self._warned_partial = True
             log.warning("tripwire: %d full tensors of step %d (%.1f MiB, e.g. %s) do not fit in the writer queue "
                         "(writer.max_queue_mb=%s) because %s; they are not stored, the step's reductions and "
                         "scalars are (counted in the run status as partial_steps). %s", len(tensors), step,
                         sum(tensors.values()) / (1 << 20), next(iter(tensors)), self.config.max_queue_mb,
-                        self._why_full(sum(tensors.values())), self._fix_full())
+                        self._why_full(max(asked, sum(tensors.values()))), self._fix_full())
 
     def _why_full(self, nbytes: int = 0) -> str:
         if not self.opened.is_set():
             return "storage has not answered since training started"
         if nbytes > self._limit:
-            return "one step's full tensors are more than the whole queue"
+            return f"one step's full tensors ({nbytes / (1 << 20):.1f} MiB) are more than the whole queue holds"
         return "storage is slower than capture"
 
     @staticmethod
@@ -186,10 +204,12 @@ class Writer:
             self._queue.append(verdict)
             self._cond.notify()
 
-    def put_object(self, rel: str, data: bytes) -> None:
-        """An object of the run written once, whole (the first-step record), in turn with samples and verdicts."""
+    def put_object(self, rel: str, data: bytes, exclusive: bool = True, done: str = "") -> None:
+        """An object of the run written whole, in turn with samples and verdicts, off the training thread (storage
+        that hangs holds this thread only): once (`exclusive`: the first-step record), or in place of one there (a
+        checkpoint). `done` is logged once it is written."""
         with self._cond:
-            self._queue.append((rel, data))
+            self._queue.append(_Object(rel, data, exclusive, done))
             self._cond.notify()
 
     def close(self, state: str = "finished") -> bool:
@@ -241,8 +261,9 @@ class Writer:
                     buffer.append(item)
                     buffered += item.nbytes
                     self._status["last_data"] = time.time()
-                elif isinstance(item, tuple):
-                    self._attempt(item[0], functools.partial(self.store.create, *item))
+                elif isinstance(item, _Object):
+                    if self._attempt(item.rel, item.write(self.store)) and item.done:
+                        log.warning("tripwire: %s", item.done)
                 elif item.key not in self._verdict_keys:
                     self._attempt(f"verdict at step {item.step}", functools.partial(self._store_verdict, item))
             items = item = None  # only the buffer holds the samples now, so a flush can let them go
@@ -297,9 +318,23 @@ class Writer:
                 self._release(max(0, nbytes - len(data)))
                 nbytes = min(nbytes, len(data))
         except Exception as exc:  # noqa: BLE001 - a sample we cannot encode must not kill the writer
-            log.error("tripwire: could not encode %d samples (%s); they are lost.", len(steps), exc)
+            if len(samples) > 1:  # find the sample at fault: the others are stored
+                entries = meta = data = None  # noqa: F841 - let what was encoded go before the halves are
+                half = len(samples) // 2
+                first = sum(s.nbytes for s in samples[:half])
+                self._flush(samples[:half], first)
+                self._flush(samples[half:], nbytes - first)
+                return
+            sample = samples[0]
+            if sample.tensors:  # its full tensors cannot be stored: its reductions and scalars are
+                log.warning("tripwire: the full tensors of step %s (%s) cannot be stored (%s); its reductions and "
+                            "scalars are (counted as partial_steps).", sample.step, ", ".join(sample.tensors), exc)
+                self.partial_steps += 1
+                self._flush([Sample(sample.step, sample.mode, sample.values)], nbytes)
+                return
+            log.error("tripwire: could not encode the sample of step %s (%s); it is lost.", sample.step, exc)
             self._kept.lose()
-            self.lost_steps += len(steps)
+            self.lost_steps += 1
             self._release(nbytes)
             return
         written = self._attempt(f"shard {self.seq}", functools.partial(self.store.put, rel, data))

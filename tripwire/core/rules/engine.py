@@ -104,9 +104,14 @@ class RuleEngine:
         slot.evaluated = True
         began = time.perf_counter()
         try:
-            verdict = check()
+            verdicts = _returned(check())
         except (StoreUnavailable, RunDamaged):  # not the rule's fault: the watcher retries, check names the file
-            raise
+            if self.source != "in_process":  # in training, the view is memory: such an error is the rule's own
+                raise
+            slot.failed = True
+            out.append(self._failed(slot, step, mode, worker, "the rule raised a storage error, reading memory",
+                                    traceback=traceback.format_exc(limit=5)))
+            return
         except NotApplicable as why:
             slot.not_applicable[worker] = str(why)
             return
@@ -127,7 +132,7 @@ class RuleEngine:
                                     f"budget is {self.budget:.0%} (evaluation.rule_budget)", seconds=slot.seconds,
                                     evaluations=slot.evaluations))
         reported = slot.findings.setdefault(worker, set())
-        for found in ([] if verdict is None else verdict if isinstance(verdict, list) else [verdict]):
+        for found in verdicts:
             key = (found.finding, found.severity)
             if key in reported or len(reported) >= MAX_FINDINGS:
                 continue
@@ -172,3 +177,15 @@ class RuleEngine:
             out.append(Verdict(rule=slot.spec.id, step=step, worker=worker, status="no_data", source=self.source,
                                hint=slot.rule.hint, message=message))
         return out
+
+
+def _returned(result) -> list[Verdict]:
+    """What a rule's check returned, as verdicts: None, a Verdict, or a list of them, each with fields of the
+    right types (its evidence is made JSON on writing). TypeError or ValueError otherwise, which fails the rule."""
+    found = [] if result is None else result if isinstance(result, list) else [result]
+    for verdict in found:
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"check() returned a {type(verdict).__name__}, not a Verdict (nor a list of them, nor "
+                            "None); make verdicts with self.fire(step, message)")
+        Verdict.from_dict({k: v for k, v in vars(verdict).items() if k != "evidence" and v is not None})
+    return found

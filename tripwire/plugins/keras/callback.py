@@ -18,7 +18,6 @@ began, and only the checkpoint action asks for that copy.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import tempfile
@@ -244,17 +243,18 @@ class TripwireCallback(keras.callbacks.Callback):
             decision.raise_if_asked()
 
     def _checkpoint(self, step: int) -> None:
-        """The model as a `.keras` file at `<run>/checkpoints/step<N>.keras`, written whole through fsspec."""
+        """The model as a `.keras` file, into the run at `checkpoints/step<N>.keras` (by the writer thread)."""
         model = self._fit_model
-        if hasattr(model, "jax_state_sync"):
-            model.jax_state_sync()  # JAX keeps the training state outside the model during an epoch
-        rel = f"checkpoints/step{step}.keras"
-        with tempfile.TemporaryDirectory(prefix="tripwire-") as folder:
-            path = os.path.join(folder, "model.keras")
-            model.save(path)
-            with open(path, "rb") as f:
-                self._recorder.store.put(rel, iter(functools.partial(f.read, 1 << 24), b""))
-        log.warning("tripwire: checkpoint written to %s", self._recorder.store.url_of(rel))
+        try:
+            if hasattr(model, "jax_state_sync"):
+                model.jax_state_sync()  # JAX keeps the training state outside the model during an epoch
+            with tempfile.TemporaryDirectory(prefix="tripwire-") as folder:
+                path = os.path.join(folder, "model.keras")
+                model.save(path)
+                with open(path, "rb") as f:
+                    self._recorder.save_checkpoint(f"checkpoints/step{step}.keras", f.read())
+        except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
+            log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", step, type(exc).__name__, exc)
 
     def _close(self, state: str) -> None:
         if self._capture is not None:

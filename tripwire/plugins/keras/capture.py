@@ -48,6 +48,7 @@ from keras import ops
 from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.naming import SCALAR_COLLECTIONS, collection_of
 from tripwire.core.reductions import applicable
+from tripwire.core.reductions import plain_array
 from tripwire.core.reductions import reduce as reduce_numpy
 
 from .hooks import KeptLoss, hooks_of
@@ -314,20 +315,32 @@ class StepCapture:
     def emit(self, collection: str, path: str, tensor, kind: str = "") -> None:
         """Hand one tensor of the step to tripwire, if its collection is sampled now and selects it."""
         plan = self._emitting.get(collection)
-        if plan is None or not ops.is_tensor(tensor) or not plan.selects(path, kind):
+        if plan is None or not plan.selects(path, kind):
             return
         name = f"{collection}/{path}" if path else collection
-        self._order.setdefault(name, len(self._order))
-        self._kinds[name] = kind
-        if self.on_device and collection not in SCALAR_COLLECTIONS and DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
-            reductions = applicable(plan.reductions, tensor.shape, kind)
-            parts = {"reduced": reduce_ops(tensor, reductions, kind)}
-            self._reduced_as[name] = reductions
-            if plan.save_tensors:
-                parts["tensor"] = tensor
-        else:
-            parts = {"raw": tensor}
-        self._send(name, parts)
+        if not ops.is_tensor(tensor):  # numbers or a numpy array from the user's own code: on the host already
+            self._receive(name, "raw", tensor)
+            return
+        try:
+            self._order.setdefault(name, len(self._order))
+            self._kinds[name] = kind
+            if self.on_device and collection not in SCALAR_COLLECTIONS and \
+                    DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
+                reductions = applicable(plan.reductions, tensor.shape, kind)
+                parts = {"reduced": reduce_ops(tensor, reductions, kind)}
+                self._reduced_as[name] = reductions
+                if plan.save_tensors:
+                    parts["tensor"] = tensor
+            else:
+                parts = {"raw": tensor}
+            self._send(name, parts)
+        except Exception as exc:  # noqa: BLE001 - a tensor tripwire cannot read (sparse, ragged, strings) is skipped
+            self.not_captured(name, tensor, exc)
+
+    def not_captured(self, name: str, value, exc: Exception) -> None:
+        """Say once per name that a value is not captured, and why: training goes on without it."""
+        self.warn_once(f"unread:{name}", f"tripwire: {name} (a {type(value).__name__} of "
+                                         f"{getattr(value, 'dtype', '?')}) is not captured: {type(exc).__name__}: {exc}.")
 
     def _send(self, name: str, parts: dict) -> None:
         tensor = next(iter(parts.values()))
@@ -362,7 +375,12 @@ class StepCapture:
         plan = self.active.get(collection_of(name))
         if plan is None:
             return
-        array = np.asarray(ops.convert_to_numpy(value))
+        try:
+            self._take(name, what, plain_array(ops.convert_to_numpy(value)), plan)
+        except Exception as exc:  # noqa: BLE001 - on the host, or in the step's host callback: never into training
+            self.not_captured(name, value, exc)
+
+    def _take(self, name: str, what: str, array: np.ndarray, plan) -> None:
         if what == "reduced":  # computed for every reduction the function serves; kept: those due now
             reduced = dict(zip(self._reduced_as[name], array.astype(np.float64).tolist()))
             self.values[name] = {r: reduced[r] for r in plan.reductions if r in reduced}

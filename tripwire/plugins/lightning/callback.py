@@ -22,6 +22,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
+import tempfile
 
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
@@ -352,14 +354,28 @@ class TripwireCallback(*_callback_bases()):
 
                     raise_for = Verdict.from_dict(shared)
         if checkpoint:
-            path = f"{self.run_url}/checkpoints/step{step}.ckpt"
-            trainer.save_checkpoint(path)
-            log.warning("tripwire: checkpoint written to %s", path)
+            self._checkpoint(trainer, step)
         if stop or raise_for is not None:
             trainer.should_stop = True
             self._state = "stopped"
         if raise_for is not None:
             raise RuleFired(raise_for, rank=fired_rank)
+
+
+    def _checkpoint(self, trainer, step: int) -> None:
+        """Lightning's own checkpoint (a fit resumes from it with ckpt_path), made on a local disk by
+        `trainer.save_checkpoint` (every rank takes part; rank 0 writes), then written into the run at
+        `checkpoints/step<N>.ckpt` by the writer thread: storage that is slow or hangs holds no step up."""
+        with tempfile.TemporaryDirectory(prefix="tripwire-") as folder:
+            path = os.path.join(folder, "step.ckpt")
+            try:
+                trainer.save_checkpoint(path, weights_only=False)
+                if self._recorder is not None and os.path.exists(path):
+                    with open(path, "rb") as f:
+                        self._recorder.save_checkpoint(f"checkpoints/step{step}.ckpt", f.read())
+            except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
+                log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", step, type(exc).__name__,
+                            exc)
 
 
 def _lightning_version(trainer) -> str:

@@ -92,16 +92,16 @@ class TorchCapture:
         for path, (param, before) in self._before.items():  # into the copy: an update costs no memory of its own
             self.take("updates", path, torch.sub(param.detach(), before, out=before))
         if "losses" in self.active and loss is not None:
-            self._reductions.add_scalar("losses/train", loss)
+            self._scalar("losses/train", loss)
         if "optimizer" in self.active:
             for name, value in optimizer_state(optimizers).items():
                 if self.active["optimizer"].selects(name):
-                    self._reductions.add_scalar(f"optimizer/{name}", value)
+                    self._scalar(f"optimizer/{name}", value)
         for name, value in (extra_scalars or {}).items():
             collection, _, path = name.partition("/")
             plan = self.active.get(collection)
             if plan is not None and plan.selects(path):
-                self._reductions.add_scalar(name, value)
+                self._scalar(name, value)
         values, tensors = self._reductions.to_host(), self._tensors
         self.active, self._reductions, self._tensors, self._before, self._taken = {}, None, {}, {}, set()
         return values, tensors
@@ -131,10 +131,24 @@ class TorchCapture:
             if plan.save_tensors and (self._budget is None or self._budget.take(name, _nbytes(tensor))):
                 self._tensors[name] = host_array(tensor)
         except Exception as exc:  # noqa: BLE001 - a tensor tripwire cannot read must not stop training
-            if name not in self._unread:
-                self._unread.add(name)
-                log.warning("tripwire: %s (a %s tensor of %s) is not captured: %s.", name, tensor.layout,
-                            tensor.dtype, exc if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {exc}")
+            self._not_captured(name, tensor, exc)
+
+    def _scalar(self, name: str, value) -> None:
+        """One number of the step (the loss, a learning rate, a metric), whatever form it comes in."""
+        try:
+            self._reductions.add_scalar(name, value)
+        except Exception as exc:  # noqa: BLE001 - a value tripwire cannot read must not stop training
+            self._not_captured(name, value, exc)
+
+    def _not_captured(self, name: str, value, exc: Exception) -> None:
+        """Say once per name that a value is not captured, and why."""
+        if name in self._unread:
+            return
+        self._unread.add(name)
+        what = f"a {value.layout} tensor of {value.dtype}" if isinstance(value, torch.Tensor) else \
+            f"a {type(value).__name__}"
+        log.warning("tripwire: %s (%s) is not captured: %s.", name, what,
+                    exc if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {exc}")
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -20,12 +21,19 @@ class LossWatch:
 
     def see(self, step: int, loss) -> tuple[int, float] | None:
         """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an
-        accelerator); None otherwise. `loss` is the step's loss (a tensor, a number, or None)."""
+        accelerator); None otherwise, and for a loss it cannot read (nested, sparse, quantized: the sampled steps
+        say so). `loss` is the step's loss (a tensor, a number, or None)."""
+        try:
+            return self._see(step, loss)
+        except Exception:  # noqa: BLE001 - a loss tripwire cannot read must not stop training
+            return None
+
+    def _see(self, step: int, loss) -> tuple[int, float] | None:
         found = self._judge_pending()
         if found is not None or loss is None:
             return found
         if not isinstance(loss, torch.Tensor):
-            value = float(loss)
+            value = float(np.mean(np.asarray(loss, dtype=np.float64)))
             return None if math.isfinite(value) else (step, value)
         loss = loss.detach()
         if loss.device.type == "cpu":

@@ -31,6 +31,7 @@ loop's global step (optimizer steps). Forward passes in eval mode
 
 from __future__ import annotations
 
+import io
 import logging
 
 import torch
@@ -182,17 +183,15 @@ class TripwireProbe:
         decision.raise_if_asked()
 
     def _checkpoint(self, verdict) -> None:
-        """Model and optimizer state, with torch.save, through fsspec next to the run."""
-        import fsspec
-
-        url = self._recorder.checkpoint_url(verdict, ".pt")
+        """Model and optimizer state, with torch.save, into the run (`checkpoints/<rule>-step<N>-worker<W>.pt`)."""
+        safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in verdict.rule)
         state = {"step": verdict.step, "model": self.model.state_dict(),
                  "optimizers": [o.state_dict() for o in self.optimizers]}
         try:
-            fs, path = fsspec.core.url_to_fs(url, **self._recorder.storage_options)
-            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            with fs.open(path, "wb") as f:
-                torch.save(state, f)
-            log.warning("tripwire: checkpoint written to %s", url)
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            self._recorder.save_checkpoint(f"checkpoints/{safe}-step{verdict.step}-worker{verdict.worker}.pt",
+                                           buffer.getbuffer())
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
-            log.warning("tripwire: could not write the checkpoint %s: %s", url, exc)
+            log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
+                        type(exc).__name__, exc)

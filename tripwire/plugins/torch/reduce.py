@@ -201,11 +201,14 @@ class Reductions:
     def add_scalar(self, name: str, value) -> None:
         """One number: a Python number, a one-element tensor, or the mean of a tensor of several (a loss per
         sample, taken with reduction 'none', is the batch's loss)."""
-        if isinstance(value, torch.Tensor):
-            value = value.detach()
+        if isinstance(value, torch.Tensor):  # of any kind: a nested, sparse or quantized loss per sample too
+            value = value.detach() if _is_plain(value) else plain(value, dense=True)
             self.add(name, value if value.numel() == 1 else value.float().mean(), ("value",))
-        else:
-            self.values[name] = {"value": float(value)}
+        else:  # a number, or numbers (a numpy loss per sample): their mean
+            array = np.asarray(value)
+            if array.dtype.kind not in "fiub" or array.size == 0:
+                raise TypeError(f"{value!r:.40} is not a number")
+            self.values[name] = {"value": float(array.astype(np.float64).mean())}
 
     def to_host(self) -> dict[str, dict[str, float]]:
         """All results as {name: {reduction: float}}, with one device-to-host transfer for the device ones."""

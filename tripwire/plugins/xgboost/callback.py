@@ -219,9 +219,8 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             flags = collective.allreduce(np.array([stop, checkpoint], dtype=np.int32), collective.Op.MAX)
             stop, checkpoint = bool(flags[0]), bool(flags[1])
         if checkpoint and self._rank == 0:  # the model is the same on every worker
-            name = f"checkpoints/step{epoch}.{self.checkpoint_format}"
-            self._recorder.store.put(name, bytes(model.save_raw(raw_format=self.checkpoint_format)))
-            log.warning("tripwire: checkpoint written to %s", self._recorder.store.url_of(name))
+            self._recorder.save_checkpoint(f"checkpoints/step{epoch}.{self.checkpoint_format}",
+                                           model.save_raw(raw_format=self.checkpoint_format))
         if stop:
             self._state = "stopped"
         if decision is not None and decision.raise_for is not None:
