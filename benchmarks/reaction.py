@@ -1,8 +1,9 @@
 """Family 5: reaction. Steps and seconds from a NaN appearing in training to training stopped.
 
 The Lightning MLP trains with the default rules.yaml (exploding_tensor: log,
-checkpoint, stop; the loss is captured every 100 steps); from step NAN_AT the
-loss is NaN. In-process, the rule runs in the training process. Side process:
+checkpoint, stop; the loss is captured every 100 steps, and judged for NaN at
+every step between them); from step NAN_AT the loss is NaN. In-process, the
+rule runs in the training process: the stop comes at NAN_AT itself. Side process:
 the same config with `evaluation: {where: side_process}`, `tripwire watch RUN`
 started as a subprocess next to training. Seconds: from the start of the
 step whose loss is NaN to the verdict, and to the end of the last step trained (which includes the
@@ -18,7 +19,7 @@ import time
 
 from .common import ROOT, BenchError, Row, child, interleaved, median
 
-NAN_AT = 155  # between two samples of the loss (every 100): the in-process stop comes at the next one, 200
+NAN_AT = 155  # between two samples of the loss (every 100)
 MAX_STEPS = 20_000
 
 

@@ -164,3 +164,91 @@ def test_input_not_normalized_accepts_bounded_data_and_judges_several_batches(ba
 def test_a_config_of_a_clock_rule_alone_is_valid():
     config = tripwire.load_config({"rules": ["stalled_training"]})
     assert [r.rule for r in config.rules] == ["stalled_training"] and not config.plan().collections
+
+
+def test_steps_a_grad_scaler_skips_are_no_blow_up(tmp_path):
+    """fp16 mixed precision: a GradScaler starting at a scale the gradients overflow skips those steps by design
+    (the gradients are inf after unscaling). Such a step changed nothing: tripwire records no weights, gradients
+    or updates for it, so no rule judges it (the default config stopped this run at step 0)."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    config = {**tripwire.load_config(None).to_dict(), "sampling": {"every": 1}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, bn_module(), max_epochs=2, plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    run = tripwire.open_run(callback.run_url)
+    assert run.info["status"] == "finished" and trainer.global_step == 2 * 43
+    assert [v for v in run.verdicts() if v.counts] == []
+    skipped = [s for s in run.steps() if s not in set(run.tensor("gradients/net.0.weight").steps())]
+    assert skipped and skipped[0] == 0 and scaler.get_scale() < 2.0 ** 24  # the first steps were skipped
+    assert set(run.tensor("losses/train").steps()) >= set(skipped)  # their loss is kept
+
+
+def test_a_nan_loss_skipped_then_a_divergence_later_is_reported_again(tmp_path):
+    """A loop that skips a batch whose loss is NaN (step 20) and goes on; the loss diverges for good at 150. The
+    first NaN must not spend the rule: a collection finite again that blows up again is a finding of its own."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x[:64]), torch.tensor(y[:64])
+    config = {"rules": [{"rule": "exploding_tensor", "actions": ["log"]}], "sampling": {"every": 10}}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(200):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            if step == 20 or step >= 150:
+                loss = loss * float("nan")
+            if step != 20:  # the loop skips the NaN batch, as many do
+                loss.backward()
+                optimizer.step()
+            probe.step(loss)
+    found = [(v.step, v.finding) for v in tripwire.open_run(probe.run_url).verdicts() if v.rule == "exploding_tensor"]
+    assert found[:2] == [(20, "losses"), (150, "losses#2")]
+
+
+def test_a_slow_start_is_not_a_loss_that_never_went_down():
+    """Flat for 200 steps, then learning: no `never` verdict before `min_steps` (300) steps; a loss flat for 300
+    steps is one (error). Sampled every 10 steps, as with every rule on."""
+    from tripwire.core.config import RuleSpec
+
+    def verdicts(losses):
+        engine = RuleEngine([RuleSpec(rule="loss_not_decreasing", id="loss_not_decreasing", params={}, actions=())])
+        history, out = History(16), []
+        for i, loss in enumerate(losses):
+            history.add(0, "train", 10 * i, {"losses/train": {"value": loss}})
+            out += [(v.step, v.finding) for v in engine.evaluate(history, 10 * i, "train", 0)]
+        return out
+
+    noise = np.random.default_rng(0).normal(0, 0.05, 40)
+    slow = [1.0 + n if i < 20 else 0.5 + n for i, n in enumerate(noise)]
+    assert [f for f in verdicts(slow) if f[1] == "never"] == []
+    assert [s for s, f in verdicts(1.0 + noise) if f == "never"][0] == 300
+
+
+def test_a_regression_whose_targets_take_few_values_is_not_judged_as_a_classifier(tmp_path):
+    """Half-star ratings (1.0, 1.5, … 5.0) under a regression objective: the classification rules say the data is
+    not theirs (no_data), whatever its values look like."""
+    xgb = pytest.importorskip("xgboost")
+    from sklearn.datasets import load_diabetes
+
+    from tripwire.plugins.xgboost import TripwireCallback as XGBCallback
+
+    x, target = load_diabetes(return_X_y=True)
+    stars = np.round(1 + 8 * (target - target.min()) / np.ptp(target)) / 2  # 1.0 … 5.0 by halves
+    config = {"sampling": {"every": 1}, "rules": ["class_imbalance", "confusion", "loss_setup"]}
+    callback = XGBCallback(config, eval_data=(x[300:], stars[300:]))
+    xgb.train({"objective": "reg:squarederror", "max_depth": 3, "nthread": 1}, xgb.DMatrix(x[:300], stars[:300]),
+              30, evals=[(xgb.DMatrix(x[300:], stars[300:]), "val")], callbacks=[callback], verbose_eval=False)
+    run = tripwire.open_run(callback.run_url)
+    assert [v for v in run.verdicts() if v.fired] == []
+    assert {v.rule for v in run.verdicts() if v.status == "no_data"} == {"class_imbalance", "confusion"}
+    assert run.first_step.losses[0].kind == "regression"
+
+
+def test_dead_relu_without_batches_large_enough_says_so(tmp_path):
+    callback = TripwireCallback({"rules": ["dead_relu", "exploding_tensor"], "sampling": {"every": 5}},
+                                out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(), max_epochs=1, loaders=helpers.torch_loaders(batch_size=8))
+    (verdict,) = tripwire.open_run(callback.run_url).verdicts()
+    assert verdict.rule == "dead_relu" and verdict.status == "no_data" and "fewer than 16 samples" in verdict.message

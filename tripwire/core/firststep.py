@@ -22,6 +22,8 @@ READS = {
     "nll_loss": "log_probabilities", "kl_div": "log_probabilities",
     "binary_cross_entropy": "probabilities",
     "mse_loss": "values", "l1_loss": "values", "smooth_l1_loss": "values", "huber_loss": "values",
+    # objectives known only by what they learn (XGBoost's): how they read the output is theirs
+    "regression": "values", "binary": "scores", "multiclass": "scores", "ranking": "scores",
 }
 # What each loss learns: a class among several (ids, or one-hot / soft rows), a yes/no per output, or values.
 KINDS = {
@@ -29,6 +31,7 @@ KINDS = {
     "binary_cross_entropy": "binary", "binary_cross_entropy_with_logits": "binary",
     "multilabel_soft_margin_loss": "binary",
     "mse_loss": "regression", "l1_loss": "regression", "smooth_l1_loss": "regression", "huber_loss": "regression",
+    "regression": "regression", "binary": "binary", "multiclass": "categorical", "ranking": "ranking",
 }
 ACTIVATIONS = ("softmax", "log_softmax", "sigmoid", "tanh", "relu", "linear")
 # The values an output activation can take: what a regression's targets must lie within.
@@ -67,7 +70,8 @@ class Labels:
 class LossUse:
     """One loss as the training step used it.
 
-    loss: its canonical name (READS); reads: logits | probabilities | log_probabilities | values; kind: KINDS.
+    loss: its canonical name (READS); reads: logits | probabilities | log_probabilities | values, or scores (an
+    objective that reads its output its own way); kind: KINDS.
     output: the activation that produced its input (ACTIVATIONS: `linear` for none), None where unknown.
     units: the size of the input's class dimension (the outputs per sample), where it has one.
     over_one: the softmax that produced the input ran over a dimension of one unit (always 1).
@@ -91,7 +95,8 @@ class FirstStep:
     losses: tuple = ()
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "losses": [{**asdict(u), "labels": asdict(u.labels) if u.labels else None}
+        """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
+        return {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
                                               for u in self.losses]}
 
     @classmethod
@@ -119,3 +124,12 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
                    {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))})
+
+
+def task_of(first: FirstStep | None) -> str | None:
+    """What the training learns, from its losses: `regression` where every loss is one, `classification` where
+    one learns classes; None where the first step does not say (the rules judge the data by its shapes)."""
+    kinds = {use.kind for use in first.losses} if first is not None else set()
+    if kinds & {"categorical", "binary"}:
+        return "classification"
+    return "regression" if kinds == {"regression"} else None

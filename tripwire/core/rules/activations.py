@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .base import Requirement, Rule, held, values_at
+from .base import NotApplicable, Requirement, Rule, held, values_at
 
 
 @dataclass
@@ -34,6 +34,10 @@ class DeadRelu(Rule):
 
     def check(self, run, step):
         dead = values_at(run, step, "dead_fraction", ["activations"])
+        if not dead and run.tensor_names("activations", step=step) and \
+                not values_at(run, step, "saturated_fraction", ["activations"]):
+            raise NotApplicable("its layers' outputs came in batches of fewer than 16 samples, too few to tell a "
+                                "dead unit from one that was not needed (dead_fraction is not taken)")
         nonfinite = values_at(run, step, "nonfinite_count", ["activations"])
         found = []
         for name, share in dead.items():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..firststep import task_of
 from .base import NotApplicable, Requirement, Rule
 
 IGNORE_INDEX = -100  # torch's CrossEntropyLoss default ignore_index: padding tokens carry it
@@ -75,6 +76,9 @@ class _Pooled(Rule):
         names = run.tensor_names()
         if self.labels not in names or self.predictions not in names:
             return None
+        if task_of(run.first_step) == "regression":
+            raise NotApplicable("the training's loss is a regression's (recorded at its first step): its targets "
+                                "are not classes, whatever values they take")
         labels, predictions = run.tensor(self.labels), run.tensor(self.predictions)
         steps = sorted(set(labels.steps(tensors=True)) & set(predictions.steps(tensors=True)))
         if not steps or steps[-1] != step:

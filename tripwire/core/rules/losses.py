@@ -28,16 +28,19 @@ class LossNotDecreasing(Rule):
     tensor_regex: str = "^losses/"
     collection: str = "losses"  # the collection the `tensor_regex` series are in (captured for the rule)
     mode: str = "train"  # the mode whose steps hold the series
+    min_drop: float = 0.1  # a series that fell by this share of its first window has gone down, noise or not
+    min_steps: int = 300  # steps from the first window before "never went down" is judged: a slow start is no fault
 
     name = "loss_not_decreasing"
     condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
                  "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
                  "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
                  "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
-                 "training begin), three or more windows in (error: nothing learns), or above it (warning: the "
-                 "loss rises); or it is not below the window before it while it is below the first (info: it "
-                 "levelled off, training has converged). Not judged while the learning rate is still rising (a "
-                 "warmup)")
+                 "training begin) nor its median `min_drop` of the first's lower, three or more windows and "
+                 "`min_steps` steps in (error: nothing learns), or above it, its median by `min_drop`, three or "
+                 "more windows in (warning: the loss rises); or it "
+                 "is not below the window before it while it is below the first (info: it levelled off, training "
+                 "has converged). Not judged while the learning rate is still rising (a warmup)")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -83,12 +86,19 @@ class LossNotDecreasing(Rule):
     def _judge(self, step, name, first, before, now, samples):
         """first: (step, value) of the rule's first `window` samples of the series."""
         from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
+        # "never went down" waits for `min_steps` too: a slow start is no fault; a rise is one at any time
+        long_enough = samples >= 3 * self.window
+        early = step - first[0][0] < self.min_steps
         first = np.asarray([value for _, value in first])
         sigma = _noise(np.concatenate([before, now]))
         below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
-        never_down = not below(now, first)
-        if never_down and from_start and samples >= 3 * self.window:
-            rising = below(first, now)
+        # a change of the windows' medians this large is no noise (medians: one sample of a heavy-tailed loss, a
+        # batch of one, moves a mean far)
+        level, start = float(np.median(now)), float(np.median(first))
+        margin = self.min_drop * abs(start)
+        never_down = not below(now, first) and level > start - margin
+        rising = below(first, now) and level > start + margin
+        if never_down and from_start and long_enough and (rising or not early):
             return self.fire(step, f"{name} {'rose' if rising else 'has not gone down'} since training began: "
                                    f"{now.mean():.4g} over its last {self.window} samples against {first.mean():.4g} "
                                    f"over its first {self.window}.", severity="warning" if rising else "error",

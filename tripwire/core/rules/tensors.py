@@ -33,10 +33,34 @@ class ExplodingTensor(Rule):
             "bf16 or loss scaling with mixed precision.")
     source = "smdebug ExplodingTensor (only_nan=False): any non-finite value in the saved tensors."
 
+    def __post_init__(self):
+        self._episodes: dict = {}  # (worker, collection) -> [blow-ups reported, finite since the last one]
+
     def requires(self):
         return [Requirement("losses"), Requirement("*", ("nonfinite_count",))]
 
     def check(self, run, step):
+        bad = self._nonfinite(run, step)
+        collections = {collection_of(name) for name in run.tensor_names(step=step)}
+        for collection in collections - {collection_of(name) for name in bad}:  # finite again: a new blow-up is news
+            episode = self._episodes.get((run.default_worker, collection))
+            if episode is not None:
+                episode[1] = True
+        if not bad:
+            return None
+        first = next(iter(bad))
+        what = f"holds {int(bad[first])} NaN/Inf values" if bad[first] > 1 else "is not finite (NaN or Inf)"
+        more = f"; so do {len(bad) - 1} more tensors" if len(bad) > 1 else ""
+        # one finding per collection and blow-up: NaN spreads to every tensor within a step or two, and each is not
+        # news; a collection that was finite again and blows up again is (a NaN batch skipped, then divergence)
+        episode = self._episodes.setdefault((run.default_worker, collection_of(first)), [0, True])
+        if episode[1]:
+            episode[0], episode[1] = episode[0] + 1, False
+        finding = collection_of(first) + (f"#{episode[0]}" if episode[0] > 1 else "")
+        return self.fire(step, f"{first} {what} at step {step}{more}.", finding=finding, tensors=bad)
+
+    def _nonfinite(self, run, step) -> dict:
+        """{tensor: NaN/Inf count} of the tensors at this step that hold any."""
         recorded = reductions_at(run, step, self.collections, self.regex)
         if recorded is not None:
             bad = {name: count for name, values in recorded.items() if (count := _nonfinite_in(values))}
@@ -50,13 +74,7 @@ class ExplodingTensor(Rule):
                 count = _nonfinite(run.tensor(name), step)
                 if count:
                     bad[name] = count
-        if not bad:
-            return None
-        first = next(iter(bad))
-        what = f"holds {int(bad[first])} NaN/Inf values" if bad[first] > 1 else "is not finite (NaN or Inf)"
-        more = f"; so do {len(bad) - 1} more tensors" if len(bad) > 1 else ""
-        # one finding per collection: NaN spreads to every tensor within a step or two, and each is not news
-        return self.fire(step, f"{first} {what} at step {step}{more}.", finding=collection_of(first), tensors=bad)
+        return bad
 
 
 def _nonfinite_in(values: dict) -> float:

@@ -238,6 +238,8 @@ class TripwireCallback(*_callback_bases()):
             """Wrap the closure Lightning hands the optimizer (the training step), to keep the loss it returns:
             a reference, read in `after_optimizer_step`. One process only: acting there on one rank's loss would
             leave the others out of the collective decision."""
+            if self._capture is not None:
+                self._capture.stepped()  # the step runs: a GradScaler did not skip it
             closure = kwargs.get("closure", args[0] if args else None)
             if self._sampled or not callable(closure) or trainer.world_size > 1:
                 return None
@@ -250,6 +252,8 @@ class TripwireCallback(*_callback_bases()):
 
         self._watching = [o.register_step_post_hook(after_optimizer_step) for o in optimizers]
         self._watching += [o.register_step_pre_hook(before_optimizer_step) for o in optimizers]
+        if self._capture is not None:
+            self._capture.watching_steps = True
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self._capture is not None:

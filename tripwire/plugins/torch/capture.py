@@ -44,6 +44,8 @@ class TorchCapture:
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
         self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
         self._unread: set = set()  # names of tensors that could not be read (said once each)
+        self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
+        self._stepped = False  # an optimizer step ran during the step being captured
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -52,7 +54,7 @@ class TorchCapture:
             self.active = {}
             return False
         self.active = {c.name: c for c in collections}
-        self.mode, self.step = mode, step
+        self.mode, self.step, self._stepped = mode, step, False
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         self._budget = self._new_budget() if self._new_budget is not None else None
         activations = self.active.get("activations")
@@ -78,11 +80,20 @@ class TorchCapture:
             if updates is not None and param.grad is not None and updates.selects(path):  # no grad: no step
                 self._before[path] = (param, param.detach().clone())
 
+    def stepped(self) -> None:
+        """An optimizer's step ran (called from a hook inside `optimizer.step()`, where the plugin has one)."""
+        self._stepped = True
+
     def end(self, loss=None, optimizers=(), extra_scalars: dict | None = None):
-        """The step's sample as (values, tensors), or None if the step was not sampled."""
+        """The step's sample as (values, tensors), or None if the step was not sampled. A training step in which no
+        optimizer stepped (AMP's GradScaler skips the steps whose gradients overflowed, by design) changed no
+        parameter: its weights, gradients and updates are left out, so that no rule judges a step that did not
+        happen."""
         if not self.active:
             return None
         self._remove_hooks()
+        if self.watching_steps and not self._stepped and self.mode == "train":
+            self._leave_out_parameters()
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
                 if path not in self._taken:
@@ -105,6 +116,16 @@ class TorchCapture:
         values, tensors = self._reductions.to_host(), self._tensors
         self.active, self._reductions, self._tensors, self._before, self._taken = {}, None, {}, {}, set()
         return values, tensors
+
+    def _leave_out_parameters(self) -> None:
+        if "skipped" not in self._unread:
+            self._unread.add("skipped")
+            log.info("tripwire: no optimizer stepped at step %s (a GradScaler that found inf/NaN gradients skips "
+                     "the step by design): its weights, gradients and updates are not recorded.", self.step)
+        self.active = {n: c for n, c in self.active.items() if n not in PARAM_COLLECTIONS}
+        self._reductions.forget(lambda name: name.split("/", 1)[0] in PARAM_COLLECTIONS)
+        self._tensors = {n: t for n, t in self._tensors.items() if n.split("/", 1)[0] not in PARAM_COLLECTIONS}
+        self._before = {}
 
     def close(self) -> None:
         self._remove_hooks()

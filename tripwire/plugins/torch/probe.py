@@ -82,6 +82,7 @@ class TripwireProbe:
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
+        self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
 
     @property
     def verdicts(self) -> list:
@@ -161,6 +162,7 @@ class TripwireProbe:
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._end_look()
+        self._capture.stepped()
         if self._sampled:
             self._capture.before_optimizer_step(optimizer)
 

@@ -210,6 +210,11 @@ class Reductions:
                 raise TypeError(f"{value!r:.40} is not a number")
             self.values[name] = {"value": float(array.astype(np.float64).mean())}
 
+    def forget(self, which) -> None:
+        """Drop what was added under the names `which(name)` is true for."""
+        self._device = [item for item in self._device if not which(item[0])]
+        self.values = {name: v for name, v in self.values.items() if not which(name)}
+
     def to_host(self) -> dict[str, dict[str, float]]:
         """All results as {name: {reduction: float}}, with one device-to-host transfer for the device ones."""
         by_device: dict = {}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from tripwire.core.firststep import FirstStep, loss_use
+
 IMPORTANCE_TYPES = ("weight", "gain", "cover", "total_gain", "total_cover")
 TREE_BOOSTERS = ("gbtree", "dart")
 
@@ -93,3 +95,16 @@ def _loss(metrics) -> float | None:
             value = history[-1]
             return float(value[0] if isinstance(value, (tuple, list)) else value)  # (mean, std) in xgb.cv
     return None
+
+# XGBoost's objective families, as the losses of tripwire.core.firststep: what the booster learns
+OBJECTIVES = {"reg": "regression", "count": "regression", "survival": "regression", "binary": "binary",
+              "multi": "multiclass", "rank": "ranking"}
+
+
+def first_step(config: dict, step: int, labels=None) -> FirstStep:
+    """The booster's objective as the loss of its first round, with the labels of the eval data where given."""
+    objective = config["learner"]["objective"]["name"]
+    loss = "binary" if objective == "reg:logistic" else OBJECTIVES.get(objective.split(":")[0])
+    classes = int(config["learner"]["learner_model_param"].get("num_class", 0) or 0)
+    use = loss_use(loss, units=classes or None, labels=labels, objective=objective) if loss else None
+    return FirstStep(step, (use,) if use is not None else ())

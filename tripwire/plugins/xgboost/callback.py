@@ -34,7 +34,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce
 
 from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, eval_losses, feature_names,
-                      hyperparameters, importance, tree_stats)
+                      first_step, hyperparameters, importance, tree_stats)
 
 log = logging.getLogger("tripwire")
 CHECKPOINT_FORMATS = ("ubj", "json")
@@ -125,8 +125,15 @@ class TripwireCallback(xgb.callback.TrainingCallback):
                                         "num_features": model.num_features()},
                                   provides=PROVIDES, append=append)
         self._recorder.start()
+        self._recorder.first_step(first_step(config, 0, self._eval_labels()))
         self._verdicts = self._recorder.verdicts
         return self._recorder.run_url
+
+    def _eval_labels(self):
+        """The labels of the eval data, where the callback was given any."""
+        if self.eval_data is None:
+            return None
+        return _host(self.eval_data.get_label() if isinstance(self.eval_data, xgb.DMatrix) else self.eval_data[1])
 
     def after_training(self, model):
         self._finish(self._state)
