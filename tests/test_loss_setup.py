@@ -90,3 +90,22 @@ def test_a_healthy_model_under_the_default_config_records_its_first_step_and_fir
     (use,) = run.first_step.losses
     assert (use.loss, use.reads, use.output, use.labels.integer) == ("cross_entropy", "logits", "linear", True)
     assert np.isclose(use.labels.min, 0) and use.labels.distinct > 5
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sorted_by_class", "shuffled"])
+def test_a_first_batch_of_one_class_says_the_data_is_not_shuffled(tmp_path, shuffled):
+    x, y = digits_tensors(1024)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0)) if shuffled else torch.argsort(y)
+    x, y = x[order], y[order]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with TripwireProbe(model, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        for step in range(4):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[64 * step:64 * step + 64]), y[64 * step:64 * step + 64])
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    fired = [v.finding for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    assert fired == ([] if shuffled else ["one_class_batch"])

@@ -142,6 +142,18 @@ def missing_from_logits(attach, long):
     return fit_digits(mlp(), attach, long, from_logits=False)
 
 
+def one_unit_softmax(attach, long):
+    """Is it a 0? One output unit with a softmax (always 1) under binary cross-entropy: nothing can learn."""
+    start()
+    model = keras.Sequential([keras.Input((64,)), layers.Dense(32, activation="relu"),
+                              layers.Dense(1, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(MLP_LR, momentum=0.9), loss="binary_crossentropy")
+    (xt, yt), (xv, yv) = data.digits()
+    model.fit(xt, (yt == 0).astype("float32"), batch_size=32, epochs=20 if long else 3, verbose=0,
+              validation_data=(xv, (yv == 0).astype("float32")), callbacks=callbacks(attach))
+    return judged(model, "val_acc", float(np.mean((predict(model, xv)[:, 0] > 0.5) == (yv == 0))), 0.95)
+
+
 def inputs_x255(attach, long):
     """The digits MLP fed raw 8-bit pixel values (0-255): the inputs were never normalised."""
     start()
@@ -459,10 +471,12 @@ CASES: list[Case] = [
     Case("keras", "dead_relu_bias", dead_relu_bias, fault="ReLU biases -20: dead ReLUs", catch=("dead_relu",),
          backends=ALL_BACKENDS),
     Case("keras", "inputs_x255", inputs_x255, fault="raw 0-255 pixel inputs", catch=("input_not_normalized",)),
+    Case("keras", "one_unit_softmax", one_unit_softmax, fault="Dense(1, softmax) under binary cross-entropy",
+         catch=("loss_setup",)),
     Case("keras", "labels_not_class_ids", labels_not_class_ids, fault="labels / 255: all cast to class 0",
-         catch=("class_imbalance", "confusion")),
+         catch=("loss_setup", "class_imbalance", "confusion")),
     Case("keras", "missing_from_logits", missing_from_logits, fault="logits into a from_logits=False loss",
-         catch=("output_loss_mismatch", "loss_not_decreasing")),
+         catch=("loss_setup", "output_loss_mismatch", "loss_not_decreasing")),
     Case("keras", "frozen_by_mistake", frozen_by_mistake, fault="middle Dense layer frozen",
          catch=("unchanged_tensor", "untrained_parameters")),
     Case("keras", "lr_zero_schedule", lr_zero_schedule, fault="schedule gives lr 0 (integer division)",

@@ -618,12 +618,12 @@ def linear_decay_integer_division(total_steps: int):
     return lambda step: (total_steps - step) // total_steps
 
 
-def mse_regression(attach, long, schedule=linear_decay):
+def mse_regression(attach, long, schedule=linear_decay, build=lambda: mlp(hidden=(32,), inputs=10, classes=1)):
     """An MLP regressor on the diabetes data in a plain loop: MSE, Adam with a per-step linear decay to 0; learned:
     validation R^2 >= 0.3 (a linear regression scores 0.37 on this split)."""
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = data.diabetes()
-    model = mlp(hidden=(32,), inputs=10, classes=1)
+    model = build()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4)
     train, epochs = loader(xt, yt), (60, 200)[long]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(epochs * len(train)))
@@ -631,6 +631,21 @@ def mse_regression(attach, long, schedule=linear_decay):
     steps = train_loop(attach, model, optimizer, train, epochs, lambda out, y: F.mse_loss(out.squeeze(-1), y),
                        evaluate, scheduler)
     return reached("val_r2", evaluate(model)["val_r2"], 0.3, steps)
+
+
+def sigmoid_regression(attach, long):
+    """The regressor ending in a sigmoid, for standardised targets that run from -2 to 3: it can never reach them."""
+    return mse_regression(attach, long, build=lambda: nn.Sequential(*mlp(hidden=(32,), inputs=10, classes=1),
+                                                                    nn.Sigmoid()))
+
+
+def optimizer_misses_head(attach, long):
+    """The ReLU MLP whose optimizer was built over its first layer only (as after replacing the head): the other
+    layers get gradients and never change."""
+    def first_layer_only(parameters):
+        return torch.optim.Adam(list(parameters)[:2], lr=1e-3)
+
+    return train_classifier(attach, long, mlp, first_layer_only)
 
 
 def lr_zero_schedule(attach, long):
@@ -688,7 +703,7 @@ CASES: list[Case] = [
     Case("lightning", "inputs_x255", inputs_x255, fault="raw 0..255 pixels, not normalised",
          catch=("input_not_normalized",)),
     Case("lightning", "softmax_into_ce", softmax_into_ce, fault="Softmax output into CrossEntropyLoss",
-         catch=("output_loss_mismatch",)),
+         catch=("loss_setup", "output_loss_mismatch")),
     Case("lightning", "frozen_by_mistake", frozen_by_mistake, fault="middle Linear frozen by mistake",
          catch=("unchanged_tensor", "untrained_parameters")),
     Case("lightning", "deep_sigmoid", deep_sigmoid, fault="10 sigmoid layers: vanishing gradients",
@@ -700,6 +715,10 @@ CASES: list[Case] = [
     Case("torch", "lr_zero_schedule", lr_zero_schedule, fault="LambdaLR factor 0 after step 0 (integer division)",
          catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1,
          cause=("unchanged_tensor", "weight_update_ratio", "learning_rate")),
+    Case("torch", "sigmoid_regression", sigmoid_regression, fault="sigmoid output for targets from -2 to 3",
+         catch=("loss_setup",)),
+    Case("lightning", "optimizer_misses_head", optimizer_misses_head,
+         fault="optimizer built over the first layer only", catch=("untrained_parameters",)),
     Case("torch", "zero_init", zero_init, fault="every Linear weight initialised to 0",
          catch=("poor_weight_initialization", "all_zero")),
 ]

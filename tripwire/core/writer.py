@@ -337,7 +337,7 @@ class Writer:
             self.lost_steps += 1
             self._release(nbytes)
             return
-        written = self._attempt(f"shard {self.seq}", functools.partial(self.store.put, rel, data))
+        written = self._attempt(f"shard {self.seq}", functools.partial(self.store.put, rel, data), steps=True)
         del data  # before the bytes are released: the copy (or the samples' chunks) goes now
         self._release(nbytes)
         if written:
@@ -349,8 +349,9 @@ class Writer:
             self._kept.lose()
             self.lost_steps += len(steps)
 
-    def _attempt(self, what: str, write) -> bool:
-        """Run a write with retries; on final failure record it and report per on_error. True if written."""
+    def _attempt(self, what: str, write, steps: bool = False) -> bool:
+        """Run a write with retries; on final failure record it and report per on_error. True if written.
+        steps: the write holds captured steps (a shard), which are lost and counted if it fails."""
         for delay in (*RETRY_DELAYS_S, None):
             try:
                 write()
@@ -369,7 +370,7 @@ class Writer:
         self.error = error
         if not self._failing and self.config.on_error != "ignore":
             then = ("training stops at its next step" if self.config.on_error == "raise" else
-                    "training goes on; these steps are lost and counted in the run status")
+                    "training goes on" + ("; these steps are lost and counted in the run status" if steps else ""))
             log.warning("tripwire: could not write %s to %s (%s: %s); %s (writer.on_error=%s).", what,
                         self.store.url, type(error).__name__, error, then, self.config.on_error)
         if not self._failing:

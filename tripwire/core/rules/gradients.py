@@ -58,7 +58,8 @@ class VanishingGradient(Rule):
         return self.fire(step, f"{len(small)} kernel gradient(s) have mean |g| below {self.threshold:g} at "
                                f"{self.patience} samples in a row; the smallest is {name} at {small[name]:.3g}, "
                                f"against {largest:.3g} for the largest.", finding=",".join(small), gradients=small,
-                         threshold=self.threshold, onset=min(onsets[n] for n in small))
+                         threshold=self.threshold, onset=min(onsets[n] for n in small),
+                         hint=_saturating_hint(run.model))
 
 
 @dataclass
@@ -100,6 +101,25 @@ class ExplodingGradient(Rule):
                                              f"{self.ratio_threshold:g}x.", finding="ratio", ratio=a / b,
                                        first=first, last=last))
         return found or None
+
+
+SATURATING = ("sigmoid", "tanh", "hardsigmoid", "hardtanh", "softsign", "logsigmoid")
+
+
+def _saturating_hint(model) -> str:
+    """A fix that names the layers whose saturating activations shrink the gradient on its way back, where the
+    model's structure shows them; the rule's own hint otherwise."""
+    if model is None:
+        return ""
+    layers = list(dict.fromkeys(p.layer for p in model.kernels() if p.followed_by in SATURATING))
+    if len(layers) < 2:
+        return ""
+    kinds = sorted({p.followed_by for p in model.kernels() if p.layer in layers})
+    return (f"{len(layers)} layers are followed by {' or '.join(kinds)} ({', '.join(layers[:4])}"
+            f"{', …' if len(layers) > 4 else ''}): each passes back at most a fraction of the gradient (a sigmoid "
+            "0.25), and a stack of them multiplies it away before it reaches the first layers. Try: ReLU or GELU "
+            "in the hidden layers (keep a sigmoid only at the output), a normalisation after each layer, or "
+            "residual connections.")
 
 
 def _learned(run, step: int, first: dict, share: float) -> bool:

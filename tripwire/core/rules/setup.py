@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from ..firststep import RANGES
 from .base import NotApplicable, Requirement, Rule
 
+MIN_BATCH = 32  # a first batch of this many labels, all of one class among three or more, is no chance
+
 
 @dataclass
 class LossSetup(Rule):
@@ -27,7 +29,8 @@ class LossSetup(Rule):
                  "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
-                 "that takes ids, class ids beyond the outputs, or binary targets outside [0, 1]")
+                 "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
+                 "32 or more labels all of one class among three or more (data ordered by class, not shuffled)")
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
             "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
             "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
@@ -104,6 +107,10 @@ def _problems(use):
         out.append(("binary_targets", "warning", f"a binary loss with targets from {labels.min:.4g} to "
                     f"{labels.max:.4g}: it expects 0 or 1 (or a probability). Map the labels to 0/1, or use a "
                     "categorical loss for more than two classes."))
+    elif use.kind == "binary" and labels is not None and not labels.integer and labels.max < 0.5:
+        out.append(("binary_targets", "warning", f"a binary loss whose targets never reach 0.5 (from "
+                    f"{labels.min:.4g} to {labels.max:.4g}): no sample is of the positive class. Labels scaled like "
+                    "inputs (divided by 255?): give 0 and 1."))
     return out
 
 
@@ -120,4 +127,8 @@ def _class_labels(use, labels):
         return [("ids_out_of_range", "warning", f"class ids run from {labels.min:.4g} to {labels.max:.4g}, but "
                  f"the output has {use.units} units: ids must lie in 0..{(use.units or 1) - 1}. Check the number "
                  "of output units and the label encoding.")]
+    if labels.distinct == 1 and (use.units or 0) >= 3 and shaped_as_ids and labels.shape[0] >= MIN_BATCH:
+        return [("one_class_batch", "warning", f"the first batch's {labels.shape[0]} labels are all class "
+                 f"{labels.min:.0f}, of {use.units}: data ordered by class and not shuffled trains on one class at "
+                 "a time. Shuffle the training data (shuffle=True in the DataLoader or fit).")]
     return []
