@@ -98,6 +98,7 @@ class Config:
     writer: WriterConfig = field(default_factory=WriterConfig)
     workers: str = "zero"
     tensorboard: dict = field(default_factory=dict)
+    loggers: bool = True  # verdicts also go to the framework's loggers and an active MLflow run (core.sinks)
     source: str = "<dict>"
     left_out: tuple = ()  # custom rules named but not imported: a config read back from a run
 
@@ -117,6 +118,7 @@ class Config:
             "writer": vars(self.writer).copy(),
             "workers": self.workers,
             **({"tensorboard": dict(self.tensorboard)} if self.tensorboard else {}),
+            "loggers": self.loggers,
         }
 
     def create_rules(self) -> list:
@@ -209,6 +211,11 @@ class _Checker:
             self.fail(path, f"must be greater than 0; got {value}.")
         return float(value)
 
+    def boolean(self, value, path):
+        if not isinstance(value, bool):
+            self.fail(path, f"expected true or false; got {_show(value)}.")
+        return value
+
     def string(self, value, path):
         if not isinstance(value, str):
             self.fail(path, f"expected a string; got {_show(value)}.")
@@ -246,7 +253,7 @@ def _show(value) -> str:
 
 
 TOP_KEYS = ("version", "output", "storage_options", "sampling", "collections", "rules", "evaluation", "writer",
-            "workers", "tensorboard")
+            "workers", "tensorboard", "loggers")
 COLLECTION_KEYS = ("include", "exclude", "reductions", "save") + SCHEDULE_KEYS + ("modes",)
 RULE_KEYS = ("rule", "name", "params", "actions")
 
@@ -292,9 +299,10 @@ def _build(data: Any, c: _Checker) -> Config:
     tb = c.mapping(data.get("tensorboard"), ("tensorboard",), ("dir",))
     if tb:
         c.string(tb.get("dir"), ("tensorboard", "dir"))
+    loggers = c.boolean(data.get("loggers", True), ("loggers",))
     config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
                     collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
-                    tensorboard=dict(tb), source=c.source, left_out=tuple(c.left_out))
+                    tensorboard=dict(tb), loggers=loggers, source=c.source, left_out=tuple(c.left_out))
     clock = any(spec.create().idle for spec in rules)  # judged by the clock: needs no capture
     if not plan_collections(config) and not c.left_out and not clock:
         c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "

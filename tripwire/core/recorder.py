@@ -95,6 +95,7 @@ class Recorder:
         self._report = None  # report.BackgroundReport, once the `report` action ran
         self._budget: TensorBudget | None = None  # of the step being captured
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
+        self.sinks: list = []  # the user's loggers that verdicts also go to (core.sinks)
         self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -113,6 +114,10 @@ class Recorder:
         if not self.writer.opened.is_set() and self.writer.error is None:
             log.warning("tripwire: storage at %s has not answered within %gs; training starts, and what it captures "
                         "waits (within writer.max_queue_mb) until storage answers.", self.run_url, OPEN_WAIT_S)
+        if self.config.loggers:
+            from .sinks import active_mlflow_sink
+
+            self.add_sinks([active_mlflow_sink()])
         if self.config.tensorboard.get("dir"):
             from .export import TensorBoardSink
 
@@ -171,11 +176,41 @@ class Recorder:
             if self._tensorboard is not None:
                 self._tensorboard.close(self.config.writer.close_timeout_s)
         if not closed or not writer.opened.is_set():
+            self._close_sinks(state, with_report=False)
             return  # storage did not answer in time: no report either, the process must not wait on it
         if any(a.name == "report" for actions in self._actions.values() for a in actions):
             self.write_report()  # after the close: the final report sees everything stored
         if self._report is not None:
             self._report.wait(self.config.writer.close_timeout_s)
+        self._close_sinks(state)
+
+    def add_sinks(self, sinks) -> None:
+        """Loggers of the user's that verdicts also go to (core.sinks): told of the run now, of each fired verdict,
+        and of the end. None of them where the config says `loggers: false`."""
+        if self.config.loggers:
+            for sink in (s for s in sinks if s is not None):
+                self.sinks.append(sink)
+                self._tell([sink], lambda it: it.start(self.run_url))
+
+    def _tell(self, sinks, call) -> None:
+        """Tell these sinks something; one that fails is said once and dropped."""
+        for sink in list(sinks):
+            try:
+                call(sink)
+            except Exception as exc:  # noqa: BLE001 - a logger never hurts training
+                log.warning("tripwire: %s does not take tripwire's verdicts (%s: %s); they stay in the log and the "
+                            "run.", sink.name, type(exc).__name__, exc)
+                if sink in self.sinks:
+                    self.sinks.remove(sink)
+
+    def _close_sinks(self, state: str, with_report: bool = True) -> None:
+        if not self.sinks:
+            return
+        from .sinks import local_report
+
+        report = local_report(self.store) if with_report and self.worker == 0 else None
+        text = summary(self.verdicts)
+        self._tell(self.sinks, lambda sink: sink.close(self.run_url, state, text, report))
 
     def _log_summary(self) -> None:
         """At the end of training, one block per diagnosis (WARNING), or one line saying what was checked and that
@@ -276,7 +311,10 @@ class Recorder:
             log.warning("tripwire: %s", verdict.describe(with_hint=False))
             return Decision(verdicts=[verdict])
         cause = explained_by(verdict, [v for v in self.verdicts if v is not verdict])
-        return apply(verdict, self._actions.get(verdict.rule, ()), self.write_report, cause)
+        decision = apply(verdict, self._actions.get(verdict.rule, ()), self.write_report, cause)
+        fired = sum(v.fired for v in self.verdicts)
+        self._tell(self.sinks, lambda sink: sink.verdict(verdict, fired))
+        return decision
 
     def _tick(self) -> None:
         """Writer thread, every poll_s: pick up the watcher's verdicts, or judge the clock-based rules."""

@@ -34,6 +34,8 @@ from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
 
+from .loggers import sinks_of
+
 log = logging.getLogger("tripwire")
 PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
 # Hooks that matter only on a sampled step: switched off (None) on the others, see TripwireCallback.
@@ -130,6 +132,8 @@ class TripwireCallback(*_callback_bases()):
                                   world_size=trainer.world_size, storage_options=self.storage_options,
                                   info={"torch_version": torch.__version__}, model=structure, append=append)
         self._recorder.start()
+        if trainer.global_rank == 0:  # Lightning's loggers write on rank 0
+            self._recorder.add_sinks(sinks_of(trainer.loggers))
         self._verdicts = self._recorder.verdicts
         self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget)
         self._plan = self._recorder.plan

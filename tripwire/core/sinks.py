@@ -1,0 +1,137 @@
+"""Verdicts where the user already looks: the loggers of their framework, and an active MLflow run.
+
+A sink is told of each fired verdict as the training process learns of it, and of the run's end. Each plugin
+hands the recorder the sinks of its framework's own loggers, made through their public APIs (Lightning's
+`trainer.loggers`, Keras' TensorBoard callback, the Trainer's `report_to` integrations); an MLflow run that is
+active in the process (`mlflow.active_run()`, where mlflow is imported) gets one whatever the framework. A sink
+that fails is said once and dropped: a logger never hurts training. The config's `loggers: false` turns them off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+
+log = logging.getLogger("tripwire")
+LEVELS = {"info": 0.0, "warning": 1.0, "error": 2.0}  # a verdict's severity as a number a logger can plot
+
+
+class Sink:
+    """What a logger is told: the run's URL when it starts, each fired verdict, the end."""
+
+    name = "logger"
+
+    def start(self, run_url: str) -> None:
+        pass
+
+    def verdict(self, verdict, fired: int) -> None:
+        """A fired verdict; `fired` counts the run's fired verdicts so far, this one included."""
+
+    def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:
+        """The run ended with `status`; `summary` is its diagnosis in words, `report` a local copy of its HTML
+        report where there is one."""
+
+
+class MetricsSink(Sink):
+    """A logger that takes numbers by step (Lightning's `log_metrics`, a CSVLogger's rows): the count of verdicts
+    so far, and each verdict's severity under its rule."""
+
+    def __init__(self, log_metrics, name: str = "logger"):
+        self._log_metrics, self.name = log_metrics, name
+
+    def verdict(self, verdict, fired: int) -> None:
+        self._log_metrics({"tripwire/verdicts": float(fired), f"tripwire/{verdict.rule}": LEVELS[verdict.severity]},
+                          verdict.step)
+
+
+class WriterSink(Sink):
+    """A TensorBoard summary writer (torch's, tensorboardX's, the Trainer's `tb_writer`): each verdict as text under
+    `tripwire`, and the count of verdicts as the scalar `tripwire/verdicts`."""
+
+    def __init__(self, writer, name: str = "tensorboard"):
+        self._writer, self.name = writer, name
+
+    def verdict(self, verdict, fired: int) -> None:
+        self._writer.add_text("tripwire", verdict.describe(), verdict.step)
+        self._writer.add_scalar("tripwire/verdicts", float(fired), verdict.step)
+        self._writer.flush()
+
+    def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:
+        self._writer.add_text("tripwire/diagnosis", f"{run_url} ({status})\n\n{summary}", 0)
+        self._writer.flush()
+
+
+class EventFileSink(Sink):
+    """A TensorBoard log directory that tripwire writes an event file of its own into (Keras' TensorBoard callback
+    writes its own beside it; TensorBoard reads both)."""
+
+    name = "tensorboard"
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._file = None
+
+    def verdict(self, verdict, fired: int) -> None:
+        import time
+
+        from .export import EventFile, step_event, text_event
+        from .naming import VALUE
+
+        if self._file is None:
+            self._file = EventFile(self.logdir)
+        self._file.write(text_event(verdict, verdict.step, time.time()))
+        self._file.write(step_event(verdict.step, time.time(), {"tripwire/verdicts": {VALUE: float(fired)}}, {}))
+        self._file.flush()
+
+    def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class MlflowSink(Sink):
+    """An MLflow run, through its client: tags `tripwire.run_url`, `tripwire.verdicts` (the count),
+    `tripwire.status`; at the end the diagnosis as `tripwire/diagnosis.txt` and the HTML report as
+    `tripwire/report.html`."""
+
+    name = "mlflow"
+
+    def __init__(self, client, run_id: str):
+        self._client, self._run_id = client, run_id
+
+    def start(self, run_url: str) -> None:
+        self._client.set_tag(self._run_id, "tripwire.run_url", run_url)
+        self._client.set_tag(self._run_id, "tripwire.status", "running")
+
+    def verdict(self, verdict, fired: int) -> None:
+        self._client.set_tag(self._run_id, "tripwire.verdicts", str(fired))
+        self._client.set_tag(self._run_id, f"tripwire.{verdict.rule}", f"{verdict.severity} at step {verdict.step}")
+
+    def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:
+        self._client.set_tag(self._run_id, "tripwire.status", status)
+        self._client.log_text(self._run_id, summary, "tripwire/diagnosis.txt")
+        if report is not None:
+            self._client.log_artifact(self._run_id, report, "tripwire")
+
+
+def active_mlflow_sink() -> MlflowSink | None:
+    """A sink for the MLflow run active in this process, where the user's code imported mlflow and started one."""
+    mlflow = sys.modules.get("mlflow")
+    run = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
+    if run is None:
+        return None
+    return MlflowSink(mlflow.MlflowClient(), run.info.run_id)
+
+
+def local_report(store) -> str | None:
+    """A local copy of the run's report.html (written by the `report` action), for loggers that take files."""
+    try:
+        data = store.get("report.html")
+    except (FileNotFoundError, OSError):
+        return None
+    folder = tempfile.mkdtemp(prefix="tripwire-report-")
+    path = os.path.join(folder, "report.html")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
