@@ -47,6 +47,13 @@ def test_nan_between_samples_stops_training_at_the_step_it_appears(tmp_path):
     assert run.tensor("losses/train").reduction(37) == np.inf
 
 
+def test_a_learning_rate_far_too_low_is_named_once_the_first_steps_are_in(tmp_path):
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    fit(cb, mlp(lr=1e-7, optimizer="adam"), epochs=1)
+    lr = fired(cb.run_url)["learning_rate"]
+    assert (lr.step, lr.finding) == (4, "low") and "learning rate 1e-07 with Adam: below the lowest" in lr.message
+
+
 def test_a_learning_rate_far_too_high_is_named_at_the_first_step(tmp_path):
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
     fit(cb, mlp(lr=1.0, optimizer="adam"), epochs=1)

@@ -239,3 +239,25 @@ def test_xgboost_stops_at_the_round_its_training_loss_became_nan(tmp_path):
     run = tripwire.open_run(callback.run_url)
     nan = next(v for v in run.verdicts() if v.rule == "exploding_tensor")
     assert (nan.step, nan.mode, booster.num_boosted_rounds(), run.info["status"]) == (12, "train", 13, "stopped")
+
+
+def test_a_loss_summed_over_the_batch_is_named_in_the_learning_rate_fix(tmp_path):
+    """MSELoss(reduction='sum') with a rate chosen for the mean: each step is the batch size times too large."""
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    x, y = torch.tensor((x - x.mean(0)) / x.std(0), dtype=torch.float32), torch.tensor((y - y.mean()) / y.std(),
+                                                                                        dtype=torch.float32)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with TripwireProbe(model, optimizer, {"rules": ["learning_rate"]}, out_dir=tmp_path / "run") as probe:
+        for step in range(5):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[64 * step:64 * step + 64]).view(-1),
+                                                y[64 * step:64 * step + 64], reduction="sum")
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    (verdict,) = [v for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    assert verdict.finding == "high" and "reduction='sum'" in verdict.hint

@@ -43,6 +43,8 @@ def mlflow_store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
+    # artifacts in the test's folder (an experiment's default is ./mlruns, beside whatever runs the tests)
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("tests", artifact_location=str(tmp_path / "mlruns")))
     yield mlflow
     mlflow.set_tracking_uri(None)
 

@@ -43,6 +43,10 @@ CASES = [
      lambda out, y: F.nll_loss(out, y), lambda y: y, None),
     ("softmax_under_mse_for_classes", lambda: nn.Sequential(nn.Linear(32, 10), nn.Softmax(dim=-1)),
      lambda out, y: F.mse_loss(out, F.one_hot(y, 10).float()), lambda y: y, "classes_by_regression"),
+    ("class_ids_as_one_number", lambda: nn.Linear(32, 1),
+     lambda out, y: F.mse_loss(out.view(-1), y), lambda y: y.float(), "classes_by_regression"),
+    ("ratings_1_to_5_as_one_number", lambda: nn.Linear(32, 1),
+     lambda out, y: F.mse_loss(out.view(-1), y), lambda y: (y % 5 + 1).float(), None),
 ]
 
 

@@ -252,3 +252,30 @@ def test_dead_relu_without_batches_large_enough_says_so(tmp_path):
     helpers.fit(callback, helpers.mlp_module(), max_epochs=1, loaders=helpers.torch_loaders(batch_size=8))
     (verdict,) = tripwire.open_run(callback.run_url).verdicts()
     assert verdict.rule == "dead_relu" and verdict.status == "no_data" and "fewer than 16 samples" in verdict.message
+
+
+def test_dead_relu_judges_relu_layers_only(tmp_path):
+    """A tanh MLP with every activation rule on: its layers have no dead_fraction (a tanh unit is not dead when
+    it is never positive), so dead_relu has nothing to say."""
+    callback = TripwireCallback({"rules": ["dead_relu", "saturated_activation"], "sampling": {"every": 10}},
+                                out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(hidden=(32, 32), activation="tanh", init=lambda net: [
+        torch.nn.init.constant_(net[i].bias, -3.0) for i in (0, 2)]), max_epochs=1)
+    run = tripwire.open_run(callback.run_url)
+    assert "dead_fraction" not in run.tensor("activations/net.1").reductions()
+    assert "saturated_fraction" in run.tensor("activations/net.1").reductions()
+    assert not [v for v in run.verdicts() if v.rule == "dead_relu" and v.fired]
+
+
+def test_labels_shuffled_apart_from_their_inputs_are_named_by_a_validation_loss_at_chance(tmp_path):
+    (xt, yt), (xv, yv) = helpers.digits()
+    shuffled = np.random.default_rng(0).permutation(yt)
+    ds = lambda x, y: torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y, dtype=torch.long))  # noqa
+    loaders = (torch.utils.data.DataLoader(ds(xt, shuffled), batch_size=32, shuffle=True,
+                                           generator=torch.Generator().manual_seed(0)),
+               torch.utils.data.DataLoader(ds(xv, yv), batch_size=256))
+    callback = TripwireCallback({"rules": ["overfit"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(hidden=(128,), optimizer="adam", lr=3e-3), max_epochs=12,
+                loaders=loaders)
+    (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
+    assert verdict.finding == "chance" and "ln 10" in verdict.message and verdict.severity == "warning"

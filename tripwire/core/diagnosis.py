@@ -43,8 +43,10 @@ class Cause:
     explains: tuple = ()  # the kinds of verdict it can explain (a rule, or rule:side)
 
 
-# Ordered from the most fundamental cause to the plainest symptom: at the same step, the first listed leads.
+# Ordered from the most fundamental cause to the plainest symptom: at the same step, the first listed leads (raw
+# inputs before the learning rate: their huge activations make any rate's steps look too large).
 CAUSES: dict[str, Cause] = {
+    "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),
     "learning_rate:high": Cause("learning rate too high", _BLOWUP),
     "learning_rate:zero": Cause("learning rate 0", _NO_STEP),
     "learning_rate:low": Cause("learning rate too low", _NO_STEP),
@@ -52,7 +54,9 @@ CAUSES: dict[str, Cause] = {
     "output_loss_mismatch": Cause("output layer and loss do not fit", _WRONG_LOSS),
     "class_imbalance:not_class_ids": Cause("labels that are not class ids", _WRONG_LOSS),
     "confusion:not_class_ids": Cause("labels that are not class ids", _WRONG_LOSS),
-    "input_not_normalized": Cause("inputs not normalised", _BLOWUP),
+    "overfit:chance": Cause("labels that do not match the inputs", ("overfit", "loss_not_decreasing", "overtraining",
+                                                                    "oscillating_loss", "class_imbalance", "confusion",
+                                                                    "dead_relu")),
     "poor_weight_initialization": Cause("poor weight initialisation", _BLOWUP),
     "weight_update_ratio:large": Cause("steps larger than the weights", _BLOWUP),
     "exploding_gradient": Cause("exploding gradients", _BLOWUP),
@@ -89,7 +93,8 @@ def kind(verdict: Verdict) -> str:
         return f"{rule}:{finding.rsplit(':', 1)[-1]}"
     if rule == "unchanged_tensor" and finding in ("frozen", "lr0") or rule == "untrained_parameters":
         return f"{rule}:{finding}"
-    if rule in ("class_imbalance", "confusion") and finding == "not_class_ids":
+    if rule in ("class_imbalance", "confusion") and finding == "not_class_ids" or \
+            rule == "overfit" and finding == "chance":
         return f"{rule}:{finding}"
     return rule
 

@@ -138,11 +138,19 @@ def saturating(kind: str) -> str | None:
     return next((k for k in SATURATION_INPUTS if k in kind), None)
 
 
+def rectifying(kind: str) -> bool:
+    """Whether a layer kind names a ReLU (ReLU, ReLU6, a Dense layer's relu): an activation whose unit is dead when
+    it is never positive. Leaky and parametric ReLUs pass negative values on, and their gradient."""
+    kind = kind.lower()
+    return "relu" in kind and not any(other in kind for other in ("leaky", "prelu", "rrelu"))
+
+
 def applicable(names, shape, kind: str = "") -> tuple:
     """The reductions among `names` that apply to a tensor of this shape coming out of a layer of this kind.
 
     Absent: every reduction but sums and counts for an empty tensor; `saturated_fraction` outside tanh and sigmoid
-    layers; both unit reductions for fewer than MIN_BATCH samples (an unknown batch size, None in a traced
+    layers, `dead_fraction` outside ReLU layers (where the kind is known); both unit reductions for fewer than
+    MIN_BATCH samples (an unknown batch size, None in a traced
     shape, is assumed large enough). Every plugin asks this before it reduces, on the host or on a device."""
     shape = tuple(shape)
     if any(d == 0 for d in shape):
@@ -154,6 +162,8 @@ def applicable(names, shape, kind: str = "") -> tuple:
             if batch is not None and batch < MIN_BATCH:
                 continue
             if name == "saturated_fraction" and saturating(kind) is None:
+                continue
+            if name == "dead_fraction" and kind and not rectifying(kind):
                 continue
         out.append(name)
     return tuple(out)

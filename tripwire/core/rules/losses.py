@@ -139,6 +139,7 @@ class Overfit(Rule):
     patience: int = 3
     min_delta: float = 0.1
     give_back: float = 0.25
+    at_chance: float = 0.95  # a validation loss never below this share of chance's (ln C) learned nothing
     start_step: int = 0
     val_tensor: str = "metrics/val_loss"
     train_tensor: str = "losses/train"
@@ -153,7 +154,9 @@ class Overfit(Rule):
                  "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
                  "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
                  "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
-                 "the best evaluation")
+                 "the best evaluation; or, for a classifier of C classes (from the first step's loss), the validation "
+                 "loss has not once been below `at_chance` times ln C while the training loss fell by `min_delta` "
+                 "of its first value (labels that do not match their inputs)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -186,18 +189,47 @@ class Overfit(Rule):
         seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan)
         if not seen.full:
             return None
+        chance = _chance(run)
+        train_now = seen.recent[-1][2]
+        if chance is not None and seen.lowest >= self.at_chance * chance[0] and \
+                train_now < (1 - self.min_delta) * seen.first_train:
+            return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
+                                   f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
+                                   f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "
+                                   f"{train_now:.4g}: the model learns its training set, nothing that holds for "
+                                   "other data.", finding="chance", hint=CHANCE_HINT, onset=seen.first_step,
+                             chance=chance[0],
+                             lowest=seen.lowest, train=train_now)
         recent = [value for _, value, _ in seen.recent]
         best, best_step, train_at_best = seen.best
         noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
         margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
         if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
             return None  # not above its best throughout, or coming back down (a bump from a noisy step)
-        train_now = seen.recent[-1][2]
         if math.isfinite(train_at_best) and math.isfinite(train_now) and train_now > train_at_best:
             return None  # both rise: not overfitting (the loss rules see a training that diverges)
         return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
                                f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
                                "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
+
+
+CHANCE_HINT = ("The validation loss never beats guessing while the training loss falls: the model memorises its "
+               "training samples. Likely causes: labels that do not match their inputs (shuffled apart, the wrong "
+               "column, a misaligned join), or validation data of another kind than the training data. Try: check "
+               "that each sample keeps its own label through loading and shuffling; look at a few samples and "
+               "their labels.")
+
+
+def _chance(run) -> tuple[float, int] | None:
+    """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
+    (the first step's record), else None."""
+    first = run.first_step
+    for use in first.losses if first is not None else ():
+        if use.reads == "scores" or use.kind not in ("categorical", "binary"):
+            continue
+        classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
+        return math.log(classes), classes
+    return None
 
 
 class _Evaluations:
@@ -207,6 +239,9 @@ class _Evaluations:
     def __init__(self, patience: int):
         self.patience = patience
         self.first: float | None = None
+        self.first_step = -1
+        self.lowest = math.inf  # of every evaluation so far
+        self.first_train = math.nan  # the first training loss known at an evaluation
         self.best = (math.inf, -1, math.nan)  # (value, step, training loss)
         self.before = math.nan
         self.recent: list = []  # (step, value, training loss), oldest first
@@ -214,7 +249,10 @@ class _Evaluations:
 
     def add(self, step: int, value: float, train: float) -> None:
         if self.first is None:
-            self.first = value
+            self.first, self.first_step = value, step
+        self.lowest = min(self.lowest, value)
+        if math.isnan(self.first_train):
+            self.first_train = train
         self.recent.append((step, value, train))
         if len(self.recent) > self.patience:
             old_step, old, old_train = self.recent.pop(0)

@@ -26,29 +26,34 @@ COMMON_RATES = {
 
 @dataclass
 class LearningRate(Rule):
-    """A learning rate too high for the optimizer and the model: far above the optimizer's usual range, or a first
-    step that rewrites the weights."""
+    """A learning rate unfit for the optimizer and the model: far above the optimizer's usual range, or a first
+    step that rewrites the weights (too high); below the usual range, with steps that hardly move them (too low)."""
 
     steps: int = 5  # the first steps judged
     far: float = 10.0  # times above an optimizer's usual highest rate that count as far too high
     max_ratio: float = 1.0  # ‖update‖ / ‖weight‖ of one step that no healthy training reaches
     share: float = 0.75  # of the trainable kernels, that must be updated by more than max_ratio
+    min_ratio: float = 1e-5  # median ‖update‖ / ‖weight‖ over the first steps below which a low rate does nothing
 
     name = "learning_rate"
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
                  "judged), or one step changed at least `share` of the trainable kernels (zero-initialised ones "
-                 "left out) by more than `max_ratio` times their norm")
+                 "left out) by more than `max_ratio` times their norm (too high); or, by the last of those steps, "
+                 "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
+                 "the steps changed the kernels by less than `min_ratio` of their norm (median; too low)")
     hint = ("The learning rate is too high: each step throws the weights far from where they were, so they grow, "
             "units die and values overflow. Try: a learning rate 10 to 100 times lower, a warmup, gradient "
-            "clipping.")
+            "clipping. Too low: the weights hardly move and nothing learns; raise it into the optimizer's usual "
+            "range.")
     source = ("AUTOTRAINER and DeepDiagnosis name an unsuitable learning rate as the commonest cause of exploding "
-              "weights and NaN; smdebug's WeightUpdateRatio (above 10) judges it only later, over every step. Here "
-              "it is judged at the first steps, from the rate against the optimizer's usual range and from the "
-              "update against the weights.")
+              "weights and NaN, and of training that does not move; smdebug's WeightUpdateRatio (above 10, below "
+              "1e-8) judges it only later, over every step. Here it is judged at the first steps, from the rate "
+              "against the optimizer's usual range and from the update against the weights.")
 
     def __post_init__(self):
         self._done: set = set()  # workers judged
+        self._seen: dict = {}  # worker -> [(learning rate, median update ratio)] of the first steps
 
     def requires(self):
         window = tuple(range(self.steps))
@@ -63,25 +68,39 @@ class LearningRate(Rule):
         rate = max(rates) if rates else None
         usual = COMMON_RATES.get(optimizer.lower()) if optimizer else None
         ratios = self._ratios(run, step)
-        over = sorted((r for r in ratios.values() if r > self.max_ratio), reverse=True)
+        middle = sorted(ratios.values())[len(ratios) // 2] if ratios else None
+        seen = self._seen.setdefault(run.default_worker, [])
+        seen.append((rate, middle))
+        over = [r for r in ratios.values() if r > self.max_ratio]
         rewrites = len(ratios) >= 1 and len(over) >= self.share * len(ratios)
         far = rate is not None and usual is not None and rate > self.far * usual[1]
-        if not (rewrites or far):
+        with_what = f" with {optimizer}" if optimizer else ""
+        named = f"learning rate {rate:g}{with_what}" if rate is not None else f"the learning rate{with_what}"
+        if rewrites or far:
+            self._done.add(run.default_worker)
+            said = [f"{rate / usual[1]:.0f}x the highest it is commonly used with ({usual[1]:g})"] if far else []
+            if rewrites:
+                said.append(f"the update at step {step} is {middle:.3g}x the weight norm (median of {len(ratios)} "
+                            "kernels; a healthy step changes them by about 0.001x)")
+            change = _suggestion(rate, middle if rewrites else None, usual) + _summed(run)
+            return self.fire(step, f"{named}: {'; '.join(said)}.", finding="high",
+                             hint=f"The learning rate is too high for this model. Try: {change}, a warmup, gradient "
+                                  "clipping.", rate=rate, optimizer=optimizer, usual=list(usual) if usual else None,
+                             ratios=ratios)
+        if step < self.steps - 1 or len(seen) < 2:
             return None
         self._done.add(run.default_worker)
-        with_what = f" with {optimizer}" if optimizer else ""
-        said = [f"learning rate {rate:g}{with_what}" if rate is not None else f"the learning rate{with_what}"]
-        if far:
-            said.append(f"{rate / usual[1]:.0f}x the highest it is commonly used with ({usual[1]:g})")
-        if rewrites:
-            middle = sorted(ratios.values())[len(ratios) // 2]
-            said.append(f"the update at step {step} is {middle:.3g}x the weight norm (median of {len(ratios)} "
-                        f"kernels; a healthy step changes them by about 0.001x)")
-        change = _suggestion(rate, sorted(ratios.values())[len(ratios) // 2] if rewrites else None, usual)
-        return self.fire(step, said[0] + (": " + "; ".join(said[1:]) if len(said) > 1 else "") + ".",
-                         finding="high", hint=f"The learning rate is too high for this model. Try: {change}, a "
-                                              "warmup, gradient clipping.",
-                         rate=rate, optimizer=optimizer, usual=list(usual) if usual else None, ratios=ratios)
+        judged = [m for _, m in seen if m is not None]
+        first_rate = seen[0][0]
+        if rate is None or usual is None or not rate or rate >= usual[0] or not judged or \
+                (first_rate is not None and rate > first_rate) or max(judged) >= self.min_ratio:
+            return None
+        return self.fire(step, f"{named}: below the lowest it is commonly used with ({usual[0]:g}); the first "
+                               f"{len(seen)} steps changed the kernels by {max(judged):.2g}x their norm at most "
+                               "(median), where a healthy step changes them by about 0.001x.", finding="low",
+                         hint=f"The learning rate is too low: the weights hardly move and nothing learns. Try: a "
+                              f"learning rate within {usual[0]:g} to {usual[1]:g}, as is usual for {optimizer}.",
+                         rate=rate, optimizer=optimizer, usual=list(usual), ratios=judged)
 
     def _ratios(self, run, step: int) -> dict[str, float]:
         """{kernel's update: ‖update‖ / ‖weight‖} at this step, where the weight is not 0."""
@@ -93,6 +112,16 @@ class LearningRate(Rule):
             if weight and math.isfinite(weight) and math.isfinite(norm):
                 out[name] = norm / weight
         return out
+
+
+def _summed(run) -> str:
+    """A word on a loss summed over the batch, where the first step shows one: its steps are the batch size times
+    a mean's, which looks like a rate too high."""
+    first = run.first_step
+    if first is not None and any(use.settings.get("reduction") == "sum" for use in first.losses):
+        return ("; the loss is summed over the batch (reduction='sum'), so each step is the batch size times a "
+                "mean loss's: use reduction='mean', or divide the rate by the batch size")
+    return ""
 
 
 def _optimizer(run) -> str | None:

@@ -101,6 +101,11 @@ def _problems(use):
             out.append(("classes_by_regression", "warning", "classes are learned with a regression loss (mean "
                         "squared or absolute error on a softmax or on one-hot targets): its gradient vanishes as "
                         "the outputs saturate. Use cross-entropy on the logits."))
+        elif _class_ids(labels) and (use.units or 1) == 1:
+            out.append(("classes_by_regression", "warning", f"the targets are the class ids 0 to "
+                        f"{labels.max:.0f}, every one of them present, learned as one number by a regression loss: "
+                        "the model is taught that class 3 lies between classes 2 and 4. Use one output per class "
+                        "and cross-entropy (for XGBoost, multi:softprob with num_class)."))
     if use.kind == "categorical" and labels is not None:
         out += _class_labels(use, labels)
     if use.kind == "binary" and labels is not None and (labels.min < 0 or labels.max > 1):
@@ -112,6 +117,12 @@ def _problems(use):
                     f"{labels.min:.4g} to {labels.max:.4g}): no sample is of the positive class. Labels scaled like "
                     "inputs (divided by 255?): give 0 and 1."))
     return out
+
+
+def _class_ids(labels) -> bool:
+    """Targets that are 0, 1, … K-1, each present, for 5 <= K <= 20: class ids, not measurements (ordinal ratings
+    start elsewhere, counts leave values out)."""
+    return labels.integer and labels.min == 0 and labels.max == labels.distinct - 1 and 5 <= labels.distinct <= 20
 
 
 def _class_labels(use, labels):

@@ -77,7 +77,10 @@ class LossSpy(TorchFunctionMode):
             return
         made = self._producer(prediction)
         dim = CLASS_DIM.get(name, -1)
-        units = int(prediction.shape[dim]) if prediction.dim() >= (2 if dim == 1 else 1) else None
+        if prediction.dim() >= 2:  # outputs per sample: the class dimension; a 1-D output is one per sample
+            units = int(prediction.shape[dim])
+        else:
+            units = 1 if prediction.dim() == 1 and dim == -1 else None
         labels = target.detach().to("cpu").numpy() if isinstance(target, torch.Tensor) and \
             target.layout == torch.strided and not target.is_meta else None
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
