@@ -66,7 +66,10 @@ def test_ls_local_folder(tmp_path):
     assert any(line.split()[:4] == ["broken", "?", "-", "-"] and "unreadable" in line for line in lines)
     as_json = json.loads(cli("ls", str(tmp_path), "--json").stdout)
     assert {r["name"] for r in as_json} == {"healthy", "group/faulty", "broken"}
-    assert cli("ls", str(tmp_path / "nothing")).stdout.startswith("no runs under")
+    missing = cli("ls", str(tmp_path / "nothing"))  # a path that is not there is an error, as in `ls`
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    assert cli("ls", str(tmp_path / "empty")).stdout.startswith("no runs under")
 
 
 def test_a_run_itself_is_listed_as_one_row(tmp_path):

@@ -30,18 +30,37 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - exit 1 means "a rule fired"; a crash must not read as that
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-            import traceback
-
-            traceback.print_exc()
-        message = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
-        print(f"tripwire {args.verb}: unexpected error: {message} (at {_origin(exc)}). This is a bug in tripwire or "
-              f"input it could not handle; set {DEBUG_ENV}=1 for the traceback.", file=sys.stderr)
+    except BrokenPipeError:  # `tripwire … | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").split(".")[0]
+        if package not in EXTRAS:
+            return _unexpected(args, exc)
+        print(f"tripwire {args.verb}: this needs {package}, which is not installed: pip install "
+              f"'tripwire[{EXTRAS[package]}]' (or pip install {package}).", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - exit 1 means "a rule fired"; a crash must not read as that
+        return _unexpected(args, exc)
+
+
+def _unexpected(args, exc: Exception) -> int:
+    """Exit 2 with one line (the traceback with TRIPWIRE_DEBUG=1): a crash must not read as "a rule fired"."""
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exception(exc)
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+    print(f"tripwire {args.verb}: unexpected error: {message} (at {_origin(exc)}). This is a bug in tripwire or "
+          f"input it could not handle; set {DEBUG_ENV}=1 for the traceback.", file=sys.stderr)
+    return 2
 
 
 DEBUG_ENV = "TRIPWIRE_DEBUG"
+EXTRAS = {"tensorboard": "tensorboard", "matplotlib": "report", "s3fs": "s3", "lightning": "lightning",
+          "sklearn": "demo", "yaml": "lightning"}  # an optional package a verb imports, and the extra that has it
+EXIT_CODES = ("exit codes: 0 nothing fired (compare: equivalent), 1 a verdict at warning or error (compare: the "
+              "runs differ), 2 an error (a damaged run, a bad config, a rule that failed, a missing path).")
 TRUST_HELP = ("import the custom rules the run's stored config names (without it they are left out: code a run "
               "names is not imported); only for a run you wrote yourself")
 
@@ -55,17 +74,21 @@ def _origin(exc: BaseException) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tripwire", description="A debugger for machine-learning training.")
+    from .. import __version__
+
+    p = argparse.ArgumentParser(prog="tripwire", description="A debugger for machine-learning training.",
+                                epilog=EXIT_CODES)
+    p.add_argument("--version", action="version", version=f"tripwire {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
 
-    c = sub.add_parser("check", help="evaluate rules over a stored run; exit 1 if any fired")
+    c = sub.add_parser("check", help="evaluate rules over a stored run; exit 1 if any fired", epilog=EXIT_CODES)
     c.add_argument("run", help="run URL (a folder, memory://…, s3://…)")
     c.add_argument("--config", help="rule config to use instead of the one stored with the run")
     c.add_argument("--trust-run", action="store_true", help=TRUST_HELP)
     c.set_defaults(func=_check)
 
-    w = sub.add_parser("watch", help="follow a live run, evaluate its rules, store verdicts in it")
-    w.add_argument("run")
+    w = sub.add_parser("watch", help="follow a live run, evaluate its rules, store verdicts in it", epilog=EXIT_CODES)
+    w.add_argument("run", help="run URL to follow (it may not exist yet: see --wait)")
     w.add_argument("--config", help="rule config to use instead of the one stored with the run")
     w.add_argument("--trust-run", action="store_true", help=TRUST_HELP)
     w.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the run to appear (default 60)")
@@ -78,14 +101,14 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--quiet", action="store_true", help="print nothing but errors (exit codes unchanged)")
     w.set_defaults(func=_watch)
 
-    s = sub.add_parser("show", help="what a run holds")
-    s.add_argument("run")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("show", help="what a run holds", epilog=EXIT_CODES)
+    s.add_argument("run", help="run URL (a folder, memory://…, s3://…)")
+    s.add_argument("--json", action="store_true", help="print it as JSON")
     s.set_defaults(func=_show)
 
-    ls = sub.add_parser("ls", help="the runs under a folder, with status and verdicts")
-    ls.add_argument("root")
-    ls.add_argument("--json", action="store_true")
+    ls = sub.add_parser("ls", help="the runs under a folder, with status and verdicts", epilog=EXIT_CODES)
+    ls.add_argument("root", help="a folder (or fsspec URL) holding runs at any depth")
+    ls.add_argument("--json", action="store_true", help="print them as JSON")
     ls.set_defaults(func=_ls)
 
     rep = sub.add_parser("report", help="a self-contained HTML report of a run (or an index of the runs under a root)")
@@ -96,24 +119,26 @@ def _parser() -> argparse.ArgumentParser:
                           "nearest to each; default: its first, middle and last saved steps)")
     rep.set_defaults(func=lambda args: _delegate("report", args))
 
-    cmp_ = sub.add_parser("compare", help="first step and tensor where two runs diverge; exit 1 if they do")
-    cmp_.add_argument("a")
-    cmp_.add_argument("b")
+    cmp_ = sub.add_parser("compare", help="first step and tensor where two runs diverge; exit 1 if they do",
+                          epilog=EXIT_CODES)
+    cmp_.add_argument("a", help="the first run's URL")
+    cmp_.add_argument("b", help="the second run's URL")
     cmp_.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance up to --switch-step")
     cmp_.add_argument("--rtol", type=float, default=0.05, help="relative tolerance after --switch-step")
-    cmp_.add_argument("--switch-step", type=int, default=10)
+    cmp_.add_argument("--switch-step", type=int, default=10,
+                      help="the step from which --rtol applies instead of --atol (default 10)")
     cmp_.add_argument("--tensors", help="compare only tensors whose names match this regex")
     cmp_.add_argument("--map", help="YAML name map: renames and transposes between the two runs")
     cmp_.set_defaults(func=lambda args: _delegate("compare", args))
 
     exp = sub.add_parser("export", help="export a run to another tool's format")
-    exp.add_argument("format", choices=["tensorboard"])
-    exp.add_argument("run")
-    exp.add_argument("logdir")
+    exp.add_argument("format", choices=["tensorboard"], help="the format to write: tensorboard event files")
+    exp.add_argument("run", help="run URL")
+    exp.add_argument("logdir", help="where to write the event files (a folder or fsspec URL)")
     exp.set_defaults(func=lambda args: _delegate("export", args))
 
     r = sub.add_parser("rules", help="every built-in rule, or one in full")
-    r.add_argument("name", nargs="?")
+    r.add_argument("name", nargs="?", help="a rule's name: print it in full")
     r.set_defaults(func=_rules)
 
     d = sub.add_parser("demo", help="train a small model healthy and with faults; show detection and early stop")
@@ -238,7 +263,8 @@ def _show(args) -> int:
                           "skipped": run.skipped, "damaged": run.damaged}, indent=1, default=str))
         return _damaged_exit(run, "show")
     print(f"run        {run.url}")
-    print(f"framework  {info.get('framework')} {info.get('framework_version', '')}   tripwire "
+    framework, version = str(info.get("framework")), str(info.get("framework_version", ""))
+    print(f"framework  {version if version.startswith(framework) else f'{framework} {version}'}   tripwire "
           f"{info.get('tripwire_version')}")
     print(f"status     {info['status']}   created {_when(info.get('created'))}   world size "
           f"{info.get('world_size', 1)}   workers with data {run.workers()}")
@@ -272,12 +298,19 @@ def _when(t) -> str:
 def _ls(args) -> int:
     from .listing import list_runs
 
-    rows = list_runs(args.root, _storage_options())
+    import fsspec
+
+    options = _storage_options()
+    fs, path = fsspec.core.url_to_fs(args.root, **options)
+    if not fs.exists(path):
+        print(f"tripwire ls: {args.root} does not exist.", file=sys.stderr)
+        return 2
+    rows = list_runs(args.root, options)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     if not rows:
-        print(f"no runs under {args.root}")
+        print(f"no runs under {args.root} (a run is a folder holding run.json).")
         return 0
     width = max(12, *(len(r["name"]) for r in rows))
     print(f"{'run':{width}} {'framework':10} {'steps':>7} {'last step':>9} {'status':9} {'created':19} verdicts")
@@ -296,11 +329,15 @@ def _rules(args) -> int:
     from .rules.registry import rule_class, rule_names
 
     if not args.name:
+        from .config import load_config
         from .rulesdoc import summary
 
-        print("\n\n".join(summary(rule_class(name)) for name in rule_names()))
-        print("\n`tripwire rules NAME` shows one rule in full: also what it requires and where its defaults come "
-              "from (docs/rules.md has them all).")
+        default = {spec.rule for spec in load_config(None).rules}
+        print("\n\n".join(("[in the default rules.yaml] " if name in default else "[off by default] ")
+                           + summary(rule_class(name)) for name in rule_names()))
+        print(f"\n{len(default)} of {len(rule_names())} rules are on in the default rules.yaml. `tripwire rules NAME` "
+              "shows one rule in full: also what it requires and where its defaults come from (docs/rules.md has "
+              "them all).")
         return 0
     try:
         cls = rule_class(args.name)

@@ -61,6 +61,17 @@ def _entries(fs, folder: str) -> dict[str, dict]:
         return {}
 
 
+def run_names(root: str, storage_options: dict | None = None) -> list[str]:
+    """The runs under `root` (at any depth), by their path below it, without reading them: what a verb given a
+    folder of runs names instead."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+    path = path.rstrip("/")
+    with ThreadPoolExecutor(_THREADS) as pool:
+        return sorted(folder[len(path):].strip("/") for folder, _ in _find(fs, pool, path))
+
+
 def _find(fs, pool, root: str) -> list[tuple[str, dict]]:
     """(run folder, its entries) for every run at or below `root`, one level at a time (the folders of a level
     listed concurrently, one listing each); a run's own sub-folders are not searched, nor hidden folders."""

@@ -19,6 +19,7 @@ damage rather than a foreign file.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 import warnings
@@ -49,7 +50,7 @@ class Run(View, CheckedFiles):
         self.url = self.store.url
         try:
             self._manifest = self.store.get_json(MANIFEST)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise RunNotFound(self._not_found_message()) from None
         except DamagedObject as exc:
             raise RunDamaged(f"{self.url}/{MANIFEST} is damaged: {exc}. The run cannot be opened without it; restore "
@@ -87,10 +88,19 @@ class Run(View, CheckedFiles):
         return f"Run({self.url!r})"
 
     def _not_found_message(self) -> str:
+        """What is at the URL instead of a run: a file, a folder of runs (named), other files, or nothing."""
+        from .listing import run_names
+
+        if self.store.local and os.path.isfile(self.store.root):
+            return (f"{self.url} is a file, not a run: a run is the folder the callback wrote to (its `out_dir`), "
+                    f"which holds {MANIFEST}.")
         try:
-            entries = sorted(self.store.list(""))
+            runs, entries = run_names(self.url), sorted(self.store.list(""))
         except Exception:  # noqa: BLE001 - only used to make the message more helpful
-            entries = []
+            runs, entries = [], []
+        if runs:
+            return (f"{self.url} is a folder of {len(runs)} run(s), not a run: {listing(runs)}. Name one of them "
+                    f"(e.g. {self.url}/{runs[0]}); `tripwire ls {self.url}` lists them with their status.")
         found = f" The folder holds: {listing(entries)}." if entries else " Nothing is stored there."
         return (f"no tripwire run at {self.url} (no {MANIFEST}).{found} A run folder is the `out_dir` "
                 "(or `output`) the callback wrote to; `tripwire ls ROOT` lists the runs under a folder.")
