@@ -267,15 +267,28 @@ def test_dead_relu_judges_relu_layers_only(tmp_path):
     assert not [v for v in run.verdicts() if v.rule == "dead_relu" and v.fired]
 
 
-def test_labels_shuffled_apart_from_their_inputs_are_named_by_a_validation_loss_at_chance(tmp_path):
+def shuffled_loaders():
+    """Digits whose training labels were shuffled apart from their inputs."""
     (xt, yt), (xv, yv) = helpers.digits()
     shuffled = np.random.default_rng(0).permutation(yt)
     ds = lambda x, y: torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y, dtype=torch.long))  # noqa
-    loaders = (torch.utils.data.DataLoader(ds(xt, shuffled), batch_size=32, shuffle=True,
-                                           generator=torch.Generator().manual_seed(0)),
-               torch.utils.data.DataLoader(ds(xv, yv), batch_size=256))
+    return (torch.utils.data.DataLoader(ds(xt, shuffled), batch_size=32, shuffle=True,
+                                        generator=torch.Generator().manual_seed(0)),
+            torch.utils.data.DataLoader(ds(xv, yv), batch_size=256))
+
+
+def test_labels_shuffled_apart_from_a_model_that_memorises_them_give_a_validation_loss_at_chance(tmp_path):
+    loaders = shuffled_loaders()
     callback = TripwireCallback({"rules": ["overfit"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
     helpers.fit(callback, helpers.mlp_module(hidden=(128,), optimizer="adam", lr=3e-3), max_epochs=12,
                 loaders=loaders)
     (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
     assert verdict.finding == "chance" and "ln 10" in verdict.message and verdict.severity == "warning"
+
+
+def test_labels_shuffled_apart_from_a_model_that_cannot_memorise_them_leave_a_loss_stuck_while_weights_move(tmp_path):
+    callback = TripwireCallback({"rules": ["loss_not_decreasing", "weight_update_ratio"], "sampling": {"every": 10}},
+                                out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(lr=0.05), max_epochs=8, loaders=shuffled_loaders())
+    (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.counts]
+    assert (verdict.rule, verdict.finding) == ("loss_not_decreasing", "stuck") and "labels" in verdict.hint

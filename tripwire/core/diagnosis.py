@@ -57,6 +57,9 @@ CAUSES: dict[str, Cause] = {
     "overfit:chance": Cause("labels that do not match the inputs", ("overfit", "loss_not_decreasing", "overtraining",
                                                                     "oscillating_loss", "class_imbalance", "confusion",
                                                                     "dead_relu")),
+    "loss_not_decreasing:stuck": Cause("labels that do not match the inputs? (the weights move, the loss does "
+                                       "not)", ("overfit", "overtraining", "oscillating_loss", "class_imbalance",
+                                                "confusion", "dead_relu")),
     "poor_weight_initialization": Cause("poor weight initialisation", _BLOWUP),
     "weight_update_ratio:large": Cause("steps larger than the weights", _BLOWUP),
     "exploding_gradient": Cause("exploding gradients", _BLOWUP),
@@ -94,7 +97,7 @@ def kind(verdict: Verdict) -> str:
     if rule == "unchanged_tensor" and finding in ("frozen", "lr0") or rule == "untrained_parameters":
         return f"{rule}:{finding}"
     if rule in ("class_imbalance", "confusion") and finding == "not_class_ids" or \
-            rule == "overfit" and finding == "chance":
+            rule == "overfit" and finding == "chance" or rule == "loss_not_decreasing" and finding == "stuck":
         return f"{rule}:{finding}"
     return rule
 

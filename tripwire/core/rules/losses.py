@@ -8,12 +8,13 @@ Which series they read, and in which mode, are parameters: the defaults read
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..model import KERNEL_ROLES
 from ..naming import MODES, collection_of
-from .base import Requirement, Rule
+from .base import Requirement, Rule, of_roles
 
 
 @dataclass
@@ -79,9 +80,24 @@ class LossNotDecreasing(Rule):
                 continue
             verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
                                   self._count[key])
+            if verdict is not None and verdict.finding == "never":
+                verdict = self._stuck(run, step, verdict)
             if verdict is not None:
                 found.append(verdict)
         return found or None
+
+    def _stuck(self, run, step, verdict):
+        """A loss that never went down while the steps do move the weights (the newest updates are 1e-4 of the
+        kernels' norm or more, median): nothing the model learns from one batch holds for the next. With the
+        learning rate, the optimizer and the gradients at work, labels that do not match their inputs are the
+        likeliest cause: the verdict says so (finding `stuck`)."""
+        ratios = sorted(_update_ratios(run))
+        if not ratios or ratios[len(ratios) // 2] < 1e-4:
+            return verdict
+        return replace(verdict, finding="stuck", hint=STUCK_HINT,
+                       message=verdict.message + f" The steps do move the weights (by {ratios[len(ratios) // 2]:.2g} "
+                                                 "of their norm, median): they learn nothing that holds from one "
+                                                 "batch to the next.")
 
     def _judge(self, step, name, first, before, now, samples):
         """first: (step, value) of the rule's first `window` samples of the series."""
@@ -211,6 +227,29 @@ class Overfit(Rule):
         return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
                                f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
                                "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
+
+
+STUCK_HINT = ("The weights move at every step, yet the loss stays where it began: what the model learns from one "
+              "batch does not hold for the next. Likeliest cause: labels that do not match their inputs (shuffled "
+              "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
+              "that each sample keeps its own label through loading and shuffling; train on one small batch "
+              "until it is learned by heart (if even that fails, look at the loss and the labels).")
+
+
+def _update_ratios(run) -> list[float]:
+    """‖update‖ / ‖weight‖ of the trainable kernels at the newest step that holds their updates."""
+    names = [n for n in run.tensor_names("updates") if "l2" in run.tensor(n).reductions()]
+    names = list(of_roles(run, dict.fromkeys(names), KERNEL_ROLES))
+    out = []
+    for name in names:
+        weight = "weights/" + name.split("/", 1)[1]
+        if weight not in run.tensor_names("weights"):
+            continue
+        u_steps, u = run.tensor(name).tail("l2", 1)
+        w_steps, w = run.tensor(weight).tail("l2", 1)
+        if len(u_steps) and len(w_steps) and u_steps[-1] == w_steps[-1] and w[-1] > 0:
+            out.append(float(u[-1] / w[-1]))
+    return out
 
 
 CHANCE_HINT = ("The validation loss never beats guessing while the training loss falls: the model memorises its "
