@@ -106,7 +106,7 @@ def test_rules_lists_every_rule_with_its_parameters_defaults_condition_and_hint(
     out = subprocess.run([sys.executable, "-m", "tripwire", "rules"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     flat = " ".join(out.stdout.split())  # the listing wraps long lines
-    sections = re.split(r"\n\n(?=\S)", out.stdout.strip())
+    sections = [re.sub(r"^\[[^]]*\] ", "", s) for s in re.split(r"\n\n(?=\S)", out.stdout.strip())]
     assert [s.split(" — ")[0] for s in sections[:-1]] == list(builtin_rules())
     for name, cls in builtin_rules().items():
         (section,) = [" ".join(s.split()) for s in sections if s.startswith(f"{name} — ")]

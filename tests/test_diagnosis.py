@@ -157,28 +157,30 @@ def test_frozen_layers_are_listed_once_as_info(tmp_path):
 NAN_AT = 37  # a step no default schedule samples (every 100)
 
 
-def nan_module(pl=None):
-    """An MLP whose loss is NaN from step NAN_AT on (a log(0) that a batch reaches), as a user's code makes it."""
-    module = helpers.mlp_module(pl=pl)
+def nan_module(nan_at=NAN_AT):
+    """An MLP whose loss is NaN from step `nan_at` on (a log(0) that a batch reaches), as a user's code makes it."""
+    module = helpers.mlp_module()
     step = module.training_step
 
     def training_step(batch, batch_idx):
         loss = step(batch, batch_idx)
-        return loss * float("nan") if module.global_step >= NAN_AT else loss
+        return loss * float("nan") if module.global_step >= nan_at else loss
 
     module.training_step = training_step
     return module
 
 
-def test_lightning_stops_at_the_step_the_loss_became_nan_under_the_default_config(tmp_path):
+@pytest.mark.parametrize("nan_at", [NAN_AT, 3], ids=["unsampled", "sampled_for_weights_only"])
+def test_lightning_stops_at_the_step_the_loss_became_nan_under_the_default_config(tmp_path, nan_at):
+    """Step 37 is not sampled at all; step 3 is sampled for the weights alone (poor_weight_initialization)."""
     callback = TripwireCallback(None, out_dir=tmp_path / "run")
-    trainer = helpers.fit(callback, nan_module(), max_epochs=3)
+    trainer = helpers.fit(callback, nan_module(nan_at), max_epochs=3)
     run = tripwire.open_run(callback.run_url)
     nan = next(v for v in run.verdicts() if v.rule == "exploding_tensor")
-    assert (nan.step, nan.mode, run.info["status"]) == (NAN_AT, "train", "stopped")
-    assert trainer.global_step == NAN_AT + 1  # no step ran after it
-    assert math.isnan(run.tensor("losses/train").reduction(NAN_AT))
-    assert (tmp_path / "run" / "checkpoints" / f"step{NAN_AT}.ckpt").exists()
+    assert (nan.step, nan.mode, run.info["status"]) == (nan_at, "train", "stopped")
+    assert trainer.global_step == nan_at + 1  # no step ran after it
+    assert math.isnan(run.tensor("losses/train").reduction(nan_at))
+    assert (tmp_path / "run" / "checkpoints" / f"step{nan_at}.ckpt").exists()
 
 
 def test_a_finite_loss_between_samples_costs_no_sample(tmp_path):

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -15,9 +14,8 @@ pytest.importorskip("tensorboard")
 
 
 def accumulator(logdir):
-    """TensorBoard's reader over one sub-logdir. It is told to use its TensorFlow stub (the supported
-    `tensorboard.compat.notf` switch): reading needs no TensorFlow, and importing it would take seconds."""
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    """TensorBoard's reader over one sub-logdir. (Not with its TensorFlow stub, `tensorboard.compat.notf`: once
+    chosen it stays for the whole process, and a Keras TensorBoard callback in a later test then cannot write.)"""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})

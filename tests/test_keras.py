@@ -38,7 +38,7 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
     config = {"sampling": {"every": 2},
               "collections": {c: {} for c in ("weights", "biases", "gradients", "updates", "activations", "losses",
                                               "metrics", "optimizer")},
-              "rules": ["exploding_tensor", "loss_not_decreasing", "overfit"]}
+              "rules": ["exploding_tensor", {"rule": "loss_not_decreasing", "params": {"min_steps": 20}}, "overfit"]}
     lightning = LightningCallback(config, out_dir=tmp_path / "lightning")
     helpers.fit(lightning, helpers.mlp_module(lr=0.0), max_epochs=1)
     keras_cb = TripwireCallback(config, out_dir=tmp_path / "keras")

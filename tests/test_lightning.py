@@ -95,7 +95,9 @@ def test_dead_relu(tmp_path, faulty):
 
 @pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
 def test_loss_not_decreasing(tmp_path, faulty):
-    cb = TripwireCallback({"rules": ["loss_not_decreasing"], "sampling": {"every": 2}}, out_dir=tmp_path / "run")
+    # 43 steps: judged from step 20 on (min_steps), where the default waits 300 steps for a slow start
+    cb = TripwireCallback({"rules": [{"rule": "loss_not_decreasing", "params": {"min_steps": 20}}],
+                           "sampling": {"every": 2}}, out_dir=tmp_path / "run")
     helpers.fit(cb, helpers.mlp_module(lr=0.0 if faulty else 0.1), max_epochs=1)
     verdicts = fired(cb.run_url)
     assert ("loss_not_decreasing" in verdicts) == faulty

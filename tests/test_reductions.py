@@ -67,13 +67,16 @@ def test_saturated_fraction_from_layer_outputs(kind):
 
 
 def test_a_reduction_that_does_not_apply_is_absent_never_nan():
-    """BatchNorm scales are 1-D, a batch of 4 cannot tell a dead unit from a quiet one, an empty tensor has no
-    mean: those reductions are left out, so a NaN in a stored reduction always means a NaN in the data."""
+    """BatchNorm scales are 1-D, a batch of 4 cannot tell a dead unit from a quiet one, a tanh or leaky ReLU unit
+    is not dead when it is never positive, an empty tensor has no mean: those reductions are left out, so a NaN in a stored reduction always means a NaN in the data."""
     small_batch = np.maximum(np.random.default_rng(0).normal(size=(MIN_BATCH - 1, 8)), 0).astype(np.float32)
     assert "dead_fraction" not in reduce(small_batch, ["dead_fraction", "mean"], "ReLU")
     assert "dead_fraction" in reduce(np.vstack([small_batch, small_batch]), ["dead_fraction"], "ReLU")
+    assert "dead_fraction" not in reduce(np.vstack([small_batch, small_batch]), ["dead_fraction"], "Tanh")
+    assert "dead_fraction" not in reduce(np.vstack([small_batch, small_batch]), ["dead_fraction"], "LeakyReLU")
     norm_scale = np.ones(64, dtype=np.float32)
-    assert set(reduce(norm_scale, REDUCTIONS, "BatchNorm1d")) == set(REDUCTIONS) - {"saturated_fraction"}
+    assert set(reduce(norm_scale, REDUCTIONS, "BatchNorm1d")) == set(REDUCTIONS) - {"saturated_fraction",
+                                                                                    "dead_fraction"}
     for values in reduce(norm_scale, REDUCTIONS, "BatchNorm1d").values():
         assert np.isfinite(values)
 

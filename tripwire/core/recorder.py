@@ -236,8 +236,16 @@ class Recorder:
         self._budget = TensorBudget(self.writer.room() if self.writer is not None else 0)
         return self._budget
 
-    def record(self, step: int, mode: str, values: dict, tensors: dict | None = None) -> Decision:
-        """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it."""
+    def record(self, step: int, mode: str, values: dict, tensors: dict | None = None,
+               loss: float | None = None) -> Decision:
+        """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it.
+
+        loss: the step's training loss, where the sample does not hold it (a step sampled for other collections):
+        a NaN or Inf one joins the sample, as an unsampled step's does (check_loss)."""
+        if loss is not None and "losses/train" not in values:
+            value = self._first_nonfinite(loss)
+            if value is not None:
+                values = {**values, "losses/train": {"value": value}}
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         if self._budget is not None and self._budget.left_out:
@@ -269,14 +277,20 @@ class Recorder:
         as a sample of its own, so that the rules (exploding_tensor) judge it at the step it appeared rather than
         at the next sampled step. One such sample per run: what follows the first NaN is NaN too. None where the
         loss is finite (the cost of an unsampled step: one comparison)."""
+        value = self._first_nonfinite(loss)
+        return None if value is None else self.record(step, "train", {"losses/train": {"value": value}})
+
+    def _first_nonfinite(self, loss) -> float | None:
+        """The loss as a number, where it is the run's first NaN/Inf loss (and the config captures losses); None
+        for a finite loss, or what is not one number."""
         try:
             value = float(loss)
-        except (TypeError, ValueError):  # None, or not one number
+        except (TypeError, ValueError, RuntimeError, NotImplementedError):  # None, not one number, several
             return None
         if math.isfinite(value) or self._nonfinite_loss or "losses" not in self.plan.collections:
             return None
         self._nonfinite_loss = True
-        return self.record(step, "train", {"losses/train": {"value": value}})
+        return value
 
     def poll(self) -> Decision:
         """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""

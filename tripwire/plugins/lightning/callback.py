@@ -292,7 +292,7 @@ class TripwireCallback(*_callback_bases()):
             losses, self._losses = self._losses, []
             loss = sum(losses) / len(losses) if losses else None
             values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), metrics)
-            decision = self._recorder.record(step, "train", values, tensors)
+            decision = self._recorder.record(step, "train", values, tensors, loss=loss)
         self._decide(trainer, decision, trainer.global_step - 1)
 
     def save_tensor(self, name: str, tensor) -> None:

@@ -113,7 +113,7 @@ class TripwireProbe:
             self._capture.take("predictions", "", predictions)
         scalars = {f"metrics/{k}": v for k, v in (metrics or {}).items()}
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
-        self._act(self._recorder.record(step, "train", values, tensors).merge(self._recorder.poll()))
+        self._act(self._recorder.record(step, "train", values, tensors, loss=_mean(loss)).merge(self._recorder.poll()))
 
     def log_eval(self, metrics: dict) -> None:
         """Record evaluation metrics (e.g. {"val_loss": 0.3}) as `metrics/<name>` in mode eval at this step."""
@@ -197,3 +197,11 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
+
+
+def _mean(loss):
+    """The loss as one number where it is several (per sample), for the recorder's NaN check; None otherwise."""
+    try:
+        return loss.detach().float().mean() if isinstance(loss, torch.Tensor) and loss.numel() > 1 else loss
+    except (RuntimeError, NotImplementedError):  # a loss of a kind no mean is taken of (nested, sparse)
+        return None
