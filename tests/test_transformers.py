@@ -82,6 +82,9 @@ def test_a_gpt2_language_model_learns_and_no_rule_warns(tmp_path):
     assert cb.run_url == str(tmp_path / "run") and counted(cb.run_url) == []
     run = tripwire.open_run(cb.run_url)
     assert run.model.parameters["lm_head.weight"].tied_to == "transformer.wte.weight"
+    kernel = run.model.parameters["transformer.h.0.attn.c_attn.weight"]  # GPT-2's Conv1D: a dense layer [in, out]
+    assert (kernel.layer_type, kernel.role, kernel.shape, kernel.fan_in, kernel.fan_out) == \
+        ("dense", "kernel", (32, 96), 32, 96)
 
 
 def test_a_sampled_step_is_the_global_step_it_began_at_and_unsampled_steps_leave_nothing(tmp_path):
@@ -250,6 +253,21 @@ def test_raise_closes_the_run_and_raises_rule_fired_out_of_train(tmp_path):
     assert raised.value.verdict.step == 10
     run = tripwire.open_run(cb.run_url)
     assert run.info["status"] == "stopped" and run.steps() == [0, 5, 10]
+
+
+def test_storage_that_refuses_writes_never_holds_up_training_and_a_raising_rule_is_disabled(tmp_path, caplog):
+    import flakyfs
+
+    flakyfs.FlakyFileSystem.failing = PermissionError(13, "Permission denied")
+    config = {"collections": {"losses": {}}, "sampling": {"every": 2},
+              "rules": [{"rule": "custom_rules:Broken"}, "exploding_tensor"]}
+    try:
+        trainer = fit(TripwireCallback(config, out_dir=f"flaky://runs/hf-{os.getpid()}"), tmp_path, max_steps=10)
+    finally:
+        flakyfs.FlakyFileSystem.failing = False
+    assert trainer.state.global_step == 10
+    assert any("cannot open the run" in r.getMessage() for r in caplog.records if r.name == "tripwire")
+    assert any("raised ZeroDivisionError" in r.getMessage() for r in caplog.records if r.name == "tripwire")
 
 
 def run_ddp(tmp_path, config, *extra):
