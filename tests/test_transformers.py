@@ -270,6 +270,18 @@ def test_storage_that_refuses_writes_never_holds_up_training_and_a_raising_rule_
     assert any("raised ZeroDivisionError" in r.getMessage() for r in caplog.records if r.name == "tripwire")
 
 
+def test_a_loss_the_trainer_computes_itself_is_said_to_be_missing(tmp_path, caplog):
+    """With label smoothing the Trainer takes the labels away from the model and computes the loss: the model
+    returns none, and tripwire has none to record; it says so, and so do the rules that need it."""
+    cb = TripwireCallback({"sampling": {"every": 5}, "rules": ["loss_not_decreasing"]}, out_dir=tmp_path / "run")
+    fit(cb, tmp_path, max_steps=10, label_smoothing_factor=0.1)
+    assert [r.getMessage() for r in caplog.records if "returned no loss" in r.getMessage()] == [
+        "tripwire: the model returned no loss at step 0 (the Trainer computes it itself with label_smoothing_factor, "
+        "a compute_loss_func or its own compute_loss): losses/train is not recorded, and a NaN loss is not caught."]
+    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
+    assert verdict.rule == "loss_not_decreasing" and verdict.status == "no_data"
+
+
 def run_ddp(tmp_path, config, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -92,6 +92,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._watch_loss = False
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record when the step ends
         self._looked = False  # the first sampled step's forward pass ran under a LossSpy
+        self._said_no_loss = False
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._state = "finished"
         self._verdicts: list = []
@@ -250,6 +251,11 @@ class TripwireCallback(TrainerCallback, ExportableState):
     def _step_loss(self):
         losses, self._losses = self._losses, []
         if not losses:
+            if self._capture.wants("losses") and not self._said_no_loss:
+                self._said_no_loss = True
+                log.warning("tripwire: the model returned no loss at step %s (the Trainer computes it itself with "
+                            "label_smoothing_factor, a compute_loss_func or its own compute_loss): losses/train is "
+                            "not recorded, and a NaN loss is not caught.", self._step)
             return None
         total = sum(loss.float().mean() for loss in losses)
         return total * self._share_scale if self._shares else total / len(losses)
