@@ -66,6 +66,10 @@ def test_a_bert_classifier_learns_and_no_rule_warns(tmp_path, config):
             "weights/classifier.weight", "metrics/loss", "metrics/grad_norm", "metrics/learning_rate",
             "metrics/val_loss", "metrics/val_accuracy"} <= names
     assert not [n for n in names if n.startswith("inputs/")]  # token ids are no measurements
+    if config == "all_rules":  # the rules that read predictions and val_loss had them
+        assert "predictions" in names and run.tensor("predictions").reduction(0, "nonfinite_count") == 0
+        assert not [v for v in run.verdicts() if v.status == "no_data" and v.rule in ("overfit", "oscillating_loss",
+                                                                                       "class_imbalance")]
     assert run.steps(mode="eval") == [12, 24, 36, 48, 60, 72]  # each epoch's evaluation, at its global step
     kernel = run.model.parameters["classifier.weight"]
     assert (kernel.layer_type, kernel.role, kernel.shape, kernel.trainable) == ("dense", "kernel", (2, 32), True)
@@ -88,14 +92,17 @@ def test_a_gpt2_language_model_learns_and_no_rule_warns(tmp_path):
 
 
 def test_a_sampled_step_is_the_global_step_it_began_at_and_unsampled_steps_leave_nothing(tmp_path):
-    """The step is state.global_step at on_step_begin; the learning rate is the one its optimizer step used (the
-    scheduler steps before on_step_end); no hook outlives training."""
-    config = {"sampling": {"every": 4}, "collections": {"losses": {}, "optimizer": {}, "activations": {}},
-              "rules": []}
+    """The step is state.global_step at on_step_begin; gradients are read after clipping; the learning rate is the
+    one its optimizer step used (the scheduler steps before on_step_end); no hook outlives training."""
+    config = {"sampling": {"every": 4}, "collections": {"losses": {}, "optimizer": {}, "activations": {},
+                                                        "gradients": {"reductions": ["l2"]}}, "rules": []}
     model = tiny_bert()
-    trainer = fit(TripwireCallback(config, out_dir=tmp_path / "run"), tmp_path, model, num_train_epochs=1)
+    trainer = fit(TripwireCallback(config, out_dir=tmp_path / "run"), tmp_path, model, num_train_epochs=1,
+                  max_grad_norm=0.01)
     assert trainer.state.global_step == 12
     run = tripwire.open_run(tmp_path / "run")
+    norms = [run.tensor(name).reduction(0, "l2") for name in run.tensor_names(collection="gradients")]
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(0.01, rel=1e-3)  # read after clipping
     assert run.tensor("losses/train").steps() == [0, 4, 8]
     assert run.tensor("activations/bert.encoder.layer.0.intermediate.dense").steps() == [0, 4, 8]
     steps, rates = run.tensor("optimizer/lr").series()
