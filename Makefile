@@ -21,7 +21,7 @@ $(VENV)/.demo: $(VENV)/.torch pyproject.toml
 
 # Keras runs on TensorFlow, torch and JAX in the tests: all three backends are installed (CPU builds).
 $(VENV)/.test: $(VENV)/.torch pyproject.toml
-	$(PIP) -e '.[dev,lightning,keras,xgboost,s3,report,tensorboard,demo]' tensorflow-cpu xgboost-cpu 'jax[cpu]'
+	$(PIP) -e '.[dev,lightning,keras,xgboost,transformers,s3,report,tensorboard,demo]' tensorflow-cpu xgboost-cpu 'jax[cpu]'
 	touch $@
 
 demo: $(VENV)/.demo

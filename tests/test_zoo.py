@@ -3,8 +3,9 @@
 Each case trains under the packaged default rules.yaml and with every built-in rule on (sampled every 10 steps).
 No healthy case may get a verdict at warning or error, or be stopped, and each healthy model must still learn
 with tripwire attached; with every rule on, each fault must be caught by a rule that names it; no rule may raise.
-Lightning, plain PyTorch, XGBoost and Keras on TensorFlow run here; Keras on torch and JAX in a subprocess each
-(the backend is chosen before Keras is imported). `make zoo` runs the longer versions and writes the table.
+Lightning, plain PyTorch, XGBoost, Transformers and Keras on TensorFlow run here; Keras on torch and JAX in a
+subprocess each (the backend is chosen before Keras is imported). `make zoo` runs the longer versions and writes
+the table.
 """
 
 import os
@@ -18,7 +19,7 @@ from benchmarks.zoo import cases
 from benchmarks.zoo.harness import CONFIGS, run_case
 
 ROOT = Path(__file__).parents[1]
-IN_PROCESS = [c for f in ("lightning", "torch", "xgboost") for c in cases(f)] + \
+IN_PROCESS = [c for f in ("lightning", "torch", "xgboost", "transformers") for c in cases(f)] + \
     [c for c in cases("keras") if "tensorflow" in c.backends]
 
 
@@ -30,11 +31,12 @@ def test_zoo_case(case, config, tmp_path):
 
 
 def test_the_zoo_holds_what_the_issue_asks_for():
-    """At least 12 Lightning and plain-torch setups, 10 Keras, 6 XGBoost, healthy; faults in every framework."""
+    """At least 12 Lightning and plain-torch setups, 10 Keras, 6 XGBoost, 2 Transformers, healthy; faults in every
+    framework."""
     healthy = lambda fw: [c for c in cases(fw) if c.healthy]  # noqa: E731
     assert len(healthy("lightning") + healthy("torch")) >= 12 and len(healthy("keras")) >= 10
-    assert len(healthy("xgboost")) >= 6
-    for framework in ("lightning", "torch", "keras", "xgboost"):
+    assert len(healthy("xgboost")) >= 6 and len(healthy("transformers")) >= 2
+    for framework in ("lightning", "torch", "keras", "xgboost", "transformers"):
         assert any(not c.healthy and c.catch for c in cases(framework)), framework
     assert {"torch", "jax"} <= {b for c in cases("keras") for b in c.backends}
 

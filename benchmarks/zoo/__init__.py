@@ -13,7 +13,8 @@ import importlib
 
 from .case import Attach, Case, Outcome  # noqa: F401
 
-MODULES = {"lightning": "torch_cases", "torch": "torch_cases", "keras": "keras_cases", "xgboost": "xgboost_cases"}
+MODULES = {"lightning": "torch_cases", "torch": "torch_cases", "keras": "keras_cases", "xgboost": "xgboost_cases",
+           "transformers": "transformers_cases"}
 FRAMEWORKS = tuple(MODULES)
 
 

@@ -37,7 +37,7 @@ class Case:
     backends: Keras backends the test suite runs the case on (TensorFlow in process, the others in a subprocess).
     """
 
-    framework: str  # lightning | torch | keras | xgboost
+    framework: str  # lightning | torch | keras | xgboost | transformers
     name: str
     train: Callable
     fault: str = ""
@@ -85,6 +85,12 @@ class Attach:
         from tripwire.plugins.xgboost import TripwireCallback
 
         return self._keep(TripwireCallback(self.config, out_dir=self.out_dir, **kwargs))
+
+    def transformers(self):
+        """A TripwireCallback for `transformers.Trainer(callbacks=[...])`."""
+        from tripwire.plugins.transformers import TripwireCallback
+
+        return self._keep(TripwireCallback(self.config, out_dir=self.out_dir))
 
     def probe(self, model, optimizer):
         """A TripwireProbe for a plain PyTorch loop: use it as a context manager, call `probe.step(loss)`."""

@@ -112,3 +112,23 @@ def ranking(n_queries: int = 200, per_query: int = 10, features: int = 8, seed: 
     qid = np.repeat(np.arange(n_queries), per_query)
     cut = int(n_queries * 0.75) * per_query
     return (x[:cut], relevance[:cut], qid[:cut]), (x[cut:], relevance[cut:], qid[cut:])
+
+
+def token_presence(n: int = 512, length: int = 16, vocab: int = 64, token: int = 5, seed: int = 0):
+    """Token id rows for a sequence classifier (int64 [n, length], starting with id 1, a [CLS]): the label (int64) is
+    whether `token` appears in the row, in about half of them, at a random position."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(token + 1, vocab, size=(n, length))
+    y = (rng.random(n) < 0.5).astype(np.int64)
+    x[np.flatnonzero(y), rng.integers(1, length, size=int(y.sum()))] = token
+    x[:, 0] = 1
+    return _split(x.astype(np.int64), y)
+
+
+def repeating_sequences(n: int = 512, length: int = 24, period: int = 4, vocab: int = 32, seed: int = 0):
+    """Rows for a causal language model (int64 [n, length]): a random pattern of `period` tokens, repeated, so
+    every token after the first period follows from the one `period` before it. The targets are the rows (the
+    model shifts them)."""
+    rng = np.random.default_rng(seed)
+    x = np.tile(rng.integers(1, vocab, size=(n, period)), -(-length // period))[:, :length].astype(np.int64)
+    return _split(x, x)

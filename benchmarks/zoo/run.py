@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-FRAMEWORKS = ("lightning", "torch", "keras", "xgboost")
+FRAMEWORKS = ("lightning", "torch", "keras", "xgboost", "transformers")
 OTHER_BACKENDS = ("torch", "jax")  # Keras backends run in a process of their own
 
 

@@ -39,6 +39,31 @@ class Decision:
             raise RuleFired(self.raise_for)
 
 
+def agree(decision: Decision | None, rank: int, reduce_max, broadcast) -> tuple:
+    """What every rank of a distributed training does after a step, from each rank's own decision: (stop,
+    checkpoint, raise_for, fired_rank). Every rank calls this at the same steps, with the framework's
+    collectives: `reduce_max(ints)` (MAX over ranks, element-wise) and `broadcast(obj, src)`.
+
+    One reduction over [stop, checkpoint, raising rank + 1]: a stop on any rank stops all; a checkpoint asked on
+    any rank is made by all (the frameworks' checkpoints are themselves collective); a `raise` on any rank raises
+    on every rank, with the verdict broadcast from the rank that fired (fired_rank says which; a rank that fired
+    too raises its own verdict), so no rank waits for the others."""
+    raise_for = decision.raise_for if decision is not None else None
+    flags = reduce_max([int(bool(decision and decision.stop)), int(bool(decision and decision.checkpoint)),
+                        0 if raise_for is None else rank + 1])
+    fired_rank = None
+    if flags[2]:
+        fired_rank = int(flags[2]) - 1
+        shared = broadcast(raise_for.to_dict() if raise_for is not None and rank == fired_rank else None, fired_rank)
+        if raise_for is not None:
+            fired_rank = rank
+        else:
+            from .verdict import Verdict
+
+            raise_for = Verdict.from_dict(shared)
+    return bool(flags[0]), bool(flags[1]), raise_for, fired_rank
+
+
 LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 
 

@@ -101,6 +101,7 @@ class Config:
     loggers: bool = True  # verdicts also go to the framework's loggers and an active MLflow run (core.sinks)
     source: str = "<dict>"
     left_out: tuple = ()  # custom rules named but not imported: a config read back from a run
+    output_set: bool = False  # the user's config names `output` (the packaged default's is not the user's choice)
 
     def to_dict(self) -> dict:
         """The config as plain data (storage options left out: they may hold credentials)."""
@@ -302,7 +303,8 @@ def _build(data: Any, c: _Checker) -> Config:
     loggers = c.boolean(data.get("loggers", True), ("loggers",))
     config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
                     collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
-                    tensorboard=dict(tb), loggers=loggers, source=c.source, left_out=tuple(c.left_out))
+                    tensorboard=dict(tb), loggers=loggers, source=c.source, left_out=tuple(c.left_out),
+                    output_set="output" in data and not c.source.endswith("(packaged default)"))
     clock = any(spec.create().idle for spec in rules)  # judged by the clock: needs no capture
     if not plan_collections(config) and not c.left_out and not clock:
         c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "

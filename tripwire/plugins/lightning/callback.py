@@ -25,6 +25,7 @@ import logging
 import os
 import tempfile
 
+from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
@@ -332,12 +333,10 @@ class TripwireCallback(*_callback_bases()):
             self._capture.take("labels", "", labels)
 
     def _decide(self, trainer, decision, step: int) -> None:
-        """Agree across ranks (every rank calls this at the same sampled steps) and act.
-
-        One collective per sampled step (MAX over [stop, checkpoint, raising rank + 1]): a stop on any rank
-        stops all; a checkpoint asked on any rank is written once (Lightning's save_checkpoint is itself
-        collective); a `raise` on any rank raises RuleFired on every rank at the same step, with the
-        verdict broadcast from the rank that fired (`.rank` says which), so no rank waits for the others."""
+        """Agree across ranks (every rank calls this at the same sampled steps; tripwire.core.actions.agree) and
+        act: a stop on any rank stops all; a checkpoint asked on any rank is written once (Lightning's
+        save_checkpoint is itself collective); a `raise` on any rank raises RuleFired on every rank at the same
+        step (`.rank` says which rank fired)."""
         if self._recorder is not None:
             decision = (decision.merge(self._recorder.poll()) if decision else self._recorder.poll())
         stop = bool(decision and decision.stop)
@@ -347,20 +346,12 @@ class TripwireCallback(*_callback_bases()):
         if trainer.world_size > 1:
             import torch
 
-            flags = torch.tensor([int(stop), int(checkpoint), 0 if raise_for is None else trainer.global_rank + 1],
-                                 device=trainer.strategy.root_device)
-            flags = trainer.strategy.reduce(flags, reduce_op="max").tolist()
-            stop, checkpoint = bool(flags[0]), bool(flags[1])
-            if flags[2]:
-                fired_rank = int(flags[2]) - 1
-                mine = raise_for.to_dict() if raise_for is not None and trainer.global_rank == fired_rank else None
-                shared = trainer.strategy.broadcast(mine, src=fired_rank)
-                if raise_for is not None:
-                    fired_rank = trainer.global_rank  # fired here too: raise this rank's own verdict
-                else:
-                    from tripwire.core.verdict import Verdict
+            def reduce_max(flags):
+                flags = torch.tensor(flags, device=trainer.strategy.root_device)
+                return trainer.strategy.reduce(flags, reduce_op="max").tolist()
 
-                    raise_for = Verdict.from_dict(shared)
+            stop, checkpoint, raise_for, fired_rank = agree(decision, trainer.global_rank, reduce_max,
+                                                            lambda obj, src: trainer.strategy.broadcast(obj, src=src))
         if checkpoint:
             self._checkpoint(trainer, step)
         if stop or raise_for is not None:
@@ -368,7 +359,6 @@ class TripwireCallback(*_callback_bases()):
             self._state = "stopped"
         if raise_for is not None:
             raise RuleFired(raise_for, rank=fired_rank)
-
 
     def _checkpoint(self, trainer, step: int) -> None:
         """Lightning's own checkpoint (a fit resumes from it with ckpt_path), made on a local disk by

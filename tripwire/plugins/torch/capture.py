@@ -15,6 +15,7 @@ False after one cached comparison and nothing else runs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 
@@ -198,8 +199,11 @@ class TorchCapture:
         self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
     def _output_hook(self, collection: str, path: str, kind: str = ""):
+        """A module's output: the first of several, or the `logits` of a mapping (a Hugging Face ModelOutput,
+        which also holds the loss)."""
         def hook(module, inputs, output):
-            tensor = output[0] if isinstance(output, (tuple, list)) else output
+            tensor = output[0] if isinstance(output, (tuple, list)) else \
+                output.get("logits") if isinstance(output, Mapping) else output
             if isinstance(tensor, torch.Tensor) and self._reductions is not None:
                 self.take(collection, path, tensor, kind)
         return hook

@@ -33,10 +33,16 @@ _ROLES = {
 }
 
 
+def _transposed_dense(module: nn.Module) -> bool:
+    """Hugging Face's Conv1D (GPT-2, GPT): a dense layer whose weight is laid out [in, out], known by its class
+    name and its `nf` (output features), so that torch alone is imported here."""
+    return type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int)
+
+
 def layer_type(module: nn.Module) -> str:
     if isinstance(module, nn.MultiheadAttention):
         return "attention"
-    if isinstance(module, (nn.Linear, nn.Bilinear)):
+    if isinstance(module, (nn.Linear, nn.Bilinear)) or _transposed_dense(module):
         return "dense"
     if isinstance(module, nn.modules.conv._ConvNd):
         return "conv"
@@ -122,6 +128,8 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
             role = _role(kind, name)
             fan_in, fan_out = _fans(tuple(param.shape), kind) if role in ("kernel", "recurrent_kernel") else \
                 (None, None)
+            if _transposed_dense(module):
+                fan_in, fan_out = fan_out, fan_in
             trainable = param.requires_grad and (optimized is None or id(param) in optimized)
             parameters[path] = Parameter(path=path, layer=layer, layer_type=kind, layer_class=type(module).__name__,
                                          role=role, shape=tuple(param.shape), trainable=trainable, fan_in=fan_in,

@@ -1,0 +1,327 @@
+"""The Transformers plugin on real `transformers.Trainer` training: tiny models built from configs (random
+initialisation, nothing downloaded) on synthetic token ids. Capture and names, silence on healthy models, faults
+caught, NaN at its step, stop, checkpoint, resume, gradient accumulation, two-process DDP."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import Trainer
+
+import tripwire
+from benchmarks.zoo import data
+from benchmarks.zoo.harness import all_rules
+from benchmarks.zoo.transformers_cases import Rows, Stream, accuracy, arguments, tiny_bert, tiny_gpt2
+from tripwire import Requirement, Rule
+from tripwire.plugins.transformers import TripwireCallback
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_transformers_ddp.py"
+
+
+def fit(callback, tmp_path, model=None, train=None, val=None, resume=None, **overrides) -> Trainer:
+    """The BERT classifier on token presence (or `model` on `train`), the Trainer's output in tmp_path/out."""
+    metrics = accuracy if model is None or model.config.model_type == "bert" else None
+    if train is None:
+        (xt, yt), (xv, yv) = data.token_presence()
+        train, val = Rows(xt, yt), Rows(xv, yv)
+    trainer = Trainer(model=model if model is not None else tiny_bert(),
+                      args=arguments(str(tmp_path / "out"), **overrides), train_dataset=train, eval_dataset=val,
+                      compute_metrics=metrics, callbacks=[callback] if callback is not None else [])
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def counted(run_url) -> list:
+    """Verdicts at warning or error."""
+    return [v for v in tripwire.open_run(run_url).verdicts() if v.counts]
+
+
+def fired(run_url) -> dict:
+    """Each rule's first verdict at warning or error."""
+    first = {}
+    for v in counted(run_url):
+        first.setdefault(v.rule, v)
+    return first
+
+
+@pytest.mark.parametrize("config", ["default", "all_rules"])
+def test_a_bert_classifier_learns_and_no_rule_warns(tmp_path, config):
+    """Runs go beside the Trainer's checkpoints, under output_dir/tripwire, where neither out_dir nor the config's
+    own `output` says otherwise."""
+    cb = TripwireCallback(None if config == "default" else all_rules("transformers"))
+    trainer = fit(cb, tmp_path)
+    assert trainer.evaluate()["eval_accuracy"] >= 0.9
+    assert cb.run_url == str(tmp_path / "out" / "tripwire")
+    run = tripwire.open_run(cb.run_url)
+    assert counted(cb.run_url) == [] and run.info["status"] == "finished"
+    assert run.info["framework"] == "transformers" and run.info["framework_version"] == "transformers 5.24.0"
+    names = set(run.tensor_names())
+    assert {"losses/train", "labels", "gradients/bert.encoder.layer.0.attention.self.query.weight",
+            "weights/classifier.weight", "metrics/loss", "metrics/grad_norm", "metrics/learning_rate",
+            "metrics/val_loss", "metrics/val_accuracy"} <= names
+    assert not [n for n in names if n.startswith("inputs/")]  # token ids are no measurements
+    if config == "all_rules":  # the rules that read predictions and val_loss had them
+        assert "predictions" in names and run.tensor("predictions").reduction(0, "nonfinite_count") == 0
+        assert not [v for v in run.verdicts() if v.status == "no_data" and v.rule in ("overfit", "oscillating_loss",
+                                                                                       "class_imbalance")]
+    assert run.steps(mode="eval") == [12, 24, 36, 48, 60, 72]  # each epoch's evaluation, at its global step
+    kernel = run.model.parameters["classifier.weight"]
+    assert (kernel.layer_type, kernel.role, kernel.shape, kernel.trainable) == ("dense", "kernel", (2, 32), True)
+    (loss,) = json.loads((Path(cb.run_url) / "first_step" / "00000.json").read_text())["losses"]
+    assert (loss["loss"], loss["output"], loss["units"], loss["labels"]["integer"]) == \
+        ("cross_entropy", "linear", 2, True)
+
+
+def test_a_gpt2_language_model_learns_and_no_rule_warns(tmp_path):
+    (xt, yt), (xv, yv) = data.repeating_sequences()
+    cb = TripwireCallback(out_dir=tmp_path / "run")
+    trainer = fit(cb, tmp_path, tiny_gpt2(), Rows(xt, yt), Rows(xv, yv), learning_rate=1e-2, num_train_epochs=10)
+    assert trainer.evaluate()["eval_loss"] < math.log(32) / 2
+    assert cb.run_url == str(tmp_path / "run") and counted(cb.run_url) == []
+    run = tripwire.open_run(cb.run_url)
+    assert run.model.parameters["lm_head.weight"].tied_to == "transformer.wte.weight"
+    kernel = run.model.parameters["transformer.h.0.attn.c_attn.weight"]  # GPT-2's Conv1D: a dense layer [in, out]
+    assert (kernel.layer_type, kernel.role, kernel.shape, kernel.fan_in, kernel.fan_out) == \
+        ("dense", "kernel", (32, 96), 32, 96)
+
+
+def test_a_sampled_step_is_the_global_step_it_began_at_and_unsampled_steps_leave_nothing(tmp_path):
+    """The step is state.global_step at on_step_begin; gradients are read after clipping; the learning rate is the
+    one its optimizer step used (the scheduler steps before on_step_end); no hook outlives training."""
+    config = {"sampling": {"every": 4}, "collections": {"losses": {}, "optimizer": {}, "activations": {},
+                                                        "gradients": {"reductions": ["l2"]}}, "rules": []}
+    model = tiny_bert()
+    trainer = fit(TripwireCallback(config, out_dir=tmp_path / "run"), tmp_path, model, num_train_epochs=1,
+                  max_grad_norm=0.01)
+    assert trainer.state.global_step == 12
+    run = tripwire.open_run(tmp_path / "run")
+    norms = [run.tensor(name).reduction(0, "l2") for name in run.tensor_names(collection="gradients")]
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(0.01, rel=1e-3)  # read after clipping
+    assert run.tensor("losses/train").steps() == [0, 4, 8]
+    assert run.tensor("activations/bert.encoder.layer.0.intermediate.dense").steps() == [0, 4, 8]
+    steps, rates = run.tensor("optimizer/lr").series()
+    assert rates[0] == 3e-3 and rates[1] == pytest.approx(3e-3 * (1 - 4 / 12))  # linear decay, from step 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert "forward" not in model.__dict__  # the first step's look at the loss is undone
+
+
+def test_a_nan_loss_stops_training_at_the_step_it_appears_and_the_trainer_checkpoints(tmp_path):
+    """A batch whose labels are all -100 has a NaN loss; the Trainer's logs hide it (logging_nan_inf_filter), the
+    model's loss shows it. The default config stops at that step and asks the Trainer for its checkpoint."""
+    (xt, yt), (xv, yv) = data.token_presence()
+    yt = yt.copy()
+    yt[7 * 32:8 * 32] = -100  # the 8th batch of a stream, step 7: not a sampled step of the default config
+    cb = TripwireCallback()
+    trainer = fit(cb, tmp_path, train=Stream(xt, yt), val=Rows(xv, yv), max_steps=12, logging_steps=1)
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    assert verdict.step == 7 and trainer.state.global_step == 8
+    run = tripwire.open_run(cb.run_url)
+    assert run.info["status"] == "stopped" and run.steps()[-1] == 7
+    assert np.isnan(run.tensor("losses/train").reduction(7))
+    assert np.isfinite(run.tensor("metrics/loss").reduction(7))  # what the Trainer logged for that step
+    state = json.loads((tmp_path / "out" / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["global_step"] == 8 and state["stateful_callbacks"]["TripwireCallback"]["attributes"] == \
+        {"run_url": cb.run_url}
+
+
+def test_a_learning_rate_far_too_high_is_named_and_stop_and_checkpoint_act_on_it(tmp_path):
+    """AdamW at 100 makes no NaN in this model (bounded steps, LayerNorm): learning_rate names it at step 0, a
+    warning; with `{stop: warning}` training stops after that step, with the Trainer's resumable checkpoint."""
+    config = {"rules": [{"rule": "learning_rate", "actions": ["log", "checkpoint", {"stop": "warning"}]}]}
+    cb = TripwireCallback(config)
+    trainer = fit(cb, tmp_path, learning_rate=100.0)
+    verdict = fired(cb.run_url)["learning_rate"]
+    assert verdict.step == 0 and "learning rate 100 with AdamW" in verdict.message
+    assert trainer.state.global_step == 1 and tripwire.open_run(cb.run_url).info["status"] == "stopped"
+    checkpoint = tmp_path / "out" / "checkpoint-1"
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= set(os.listdir(checkpoint))
+
+
+def test_the_encoder_frozen_by_mistake(tmp_path):
+    """One layer frozen between trained ones is a mistake (unchanged_tensor); the whole encoder frozen is how a
+    head is fine-tuned on a pretrained model, so untrained_parameters lists it, at info."""
+    model = tiny_bert()
+    model.bert.encoder.layer[1].requires_grad_(False)
+    cb = TripwireCallback(out_dir=tmp_path / "layer")
+    fit(cb, tmp_path, model, num_train_epochs=1)
+    verdict = fired(cb.run_url)["unchanged_tensor"]
+    assert verdict.step == 0 and "bert.encoder.layer.1.attention.self.query.weight" in verdict.message
+    model = tiny_bert()
+    model.bert.encoder.requires_grad_(False)
+    cb = TripwireCallback(out_dir=tmp_path / "encoder")
+    fit(cb, tmp_path, model, num_train_epochs=1)
+    assert counted(cb.run_url) == []
+    (frozen,) = [v for v in tripwire.open_run(cb.run_url).verdicts() if v.rule == "untrained_parameters"]
+    assert frozen.severity == "info" and "bert.encoder.layer.0.attention.self.query" in frozen.message
+
+
+def test_labels_that_are_not_class_ids(tmp_path):
+    """Float labels make a Transformers classifier take a multi-label loss (binary cross-entropy per class); given
+    as one-hot rows divided by 255, like pixels, no target reaches 0.5. As a [batch] vector of floats the model
+    raises itself, before any step."""
+    (xt, yt), (xv, yv) = data.token_presence()
+    scaled = lambda y: np.eye(2, dtype=np.float32)[y] / 255  # noqa: E731
+    cb = TripwireCallback()
+    fit(cb, tmp_path, train=Rows(xt, scaled(yt)), val=Rows(xv, scaled(yv)), num_train_epochs=1)
+    verdict = fired(cb.run_url)["loss_setup"]
+    assert verdict.step == 0 and "binary_cross_entropy_with_logits" in verdict.message
+    assert "never reach 0.5" in verdict.message
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt2"])
+def test_gradient_accumulation_gives_one_sample_per_optimizer_step_and_the_step_s_loss(tmp_path, model):
+    """Two micro-batches per step: one sample per optimizer step, its loss the step's, not divided by 2. GPT-2's
+    loss divides its sum by the Trainer's count of the step's tokens (num_items_in_batch): the micro-batches' losses
+    are shares, summed, as the Trainer logs them. BERT's classifier takes the mean of its batch, whatever the count:
+    the mean of the two (the Trainer, which takes the count as used, logs their sum)."""
+    config = {"sampling": {"every": 1}, "collections": {"losses": {}, "gradients": {}, "metrics": {}}, "rules": []}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    if model == "gpt2":
+        (xt, yt), (xv, yv) = data.repeating_sequences()
+        built, train, val, chance = tiny_gpt2(), Rows(xt, yt), Rows(xv, yv), math.log(32)
+    else:
+        built, train, val, chance = None, None, None, math.log(2)
+    trainer = fit(cb, tmp_path, built, train, val, num_train_epochs=1, per_device_train_batch_size=16,
+                  gradient_accumulation_steps=2, logging_steps=1)
+    assert trainer.state.global_step == 12
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == list(range(12)) and run.tensor("losses/train").steps() == list(range(12))
+    losses = run.tensor("losses/train").series()[1]
+    assert losses[0] == pytest.approx(chance, rel=0.1)  # an untrained model's loss: chance
+    if model == "gpt2":
+        np.testing.assert_allclose(losses, run.tensor("metrics/loss").series()[1], rtol=1e-5)
+
+
+@dataclass
+class StopsAt(Rule):
+    """An error at `step` and after: a decision to stop, at a step of the test's choosing."""
+
+    step: int = 10
+
+    name = "stops_at"
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        return self.fire(step, "stop here", severity="error") if step >= self.step else None
+
+
+def test_a_stopped_training_resumed_from_its_checkpoint_appends_to_the_same_run(tmp_path):
+    """The run's URL travels in the Trainer's checkpoint (TrainerState.stateful_callbacks)."""
+    config = {"sampling": {"every": 5}, "collections": {"losses": {}},
+              "rules": [{"rule": "test_transformers:StopsAt", "actions": ["checkpoint", "stop"]}]}
+    first = TripwireCallback(config)
+    fit(first, tmp_path, max_steps=20)
+    assert first.run_url == str(tmp_path / "out" / "tripwire")
+    second = TripwireCallback({"sampling": {"every": 5}, "collections": {"losses": {}}, "rules": []})
+    trainer = fit(second, tmp_path, max_steps=20, resume=str(tmp_path / "out" / "checkpoint-11"))
+    assert trainer.state.global_step == 20 and second.run_url == first.run_url
+    run = tripwire.open_run(first.run_url)
+    assert run.steps() == [0, 5, 10, 15] and run.info["status"] == "finished"
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-11", "tripwire"]  # no second run beside it
+
+
+def test_restoring_callback_states_makes_the_checkpoint_s_callback_which_appends_with_its_config(tmp_path):
+    """With restore_callback_states_from_checkpoint, Transformers replaces the callback passed by one made from the
+    checkpoint's state: the config of the training that saved it (here: one that stops again), the same run."""
+    config = {"sampling": {"every": 5}, "collections": {"losses": {}},
+              "rules": [{"rule": "test_transformers:StopsAt", "actions": ["checkpoint", "stop"]}]}
+    first = TripwireCallback(config)
+    fit(first, tmp_path, max_steps=20)
+    trainer = fit(TripwireCallback({"collections": {"losses": {}}, "rules": []}), tmp_path, max_steps=20,
+                  resume=str(tmp_path / "out" / "checkpoint-11"), restore_callback_states_from_checkpoint=True)
+    (restored,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, TripwireCallback)]
+    assert restored.run_url == first.run_url
+    assert [spec.rule for spec in restored.config.rules] == ["test_transformers:StopsAt"]
+    assert trainer.state.global_step == 16 and tripwire.open_run(first.run_url).steps() == [0, 5, 10, 15]
+
+
+def test_a_second_training_into_the_same_output_dir_gets_a_run_beside_the_first(tmp_path):
+    config = {"collections": {"losses": {}}, "rules": []}
+    first, second = TripwireCallback(config), TripwireCallback(config)
+    fit(first, tmp_path, max_steps=2)
+    fit(second, tmp_path, max_steps=2)
+    assert second.run_url == first.run_url + "-1"
+
+
+def test_raise_closes_the_run_and_raises_rule_fired_out_of_train(tmp_path):
+    config = {"sampling": {"every": 5}, "collections": {"losses": {}},
+              "rules": [{"rule": "test_transformers:StopsAt", "actions": ["raise"]}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    with pytest.raises(tripwire.RuleFired) as raised:
+        fit(cb, tmp_path, max_steps=20)
+    assert raised.value.verdict.step == 10
+    run = tripwire.open_run(cb.run_url)
+    assert run.info["status"] == "stopped" and run.steps() == [0, 5, 10]
+
+
+def test_storage_that_refuses_writes_never_holds_up_training_and_a_raising_rule_is_disabled(tmp_path, caplog):
+    import flakyfs
+
+    flakyfs.FlakyFileSystem.failing = PermissionError(13, "Permission denied")
+    config = {"collections": {"losses": {}}, "sampling": {"every": 2},
+              "rules": [{"rule": "custom_rules:Broken"}, "exploding_tensor"]}
+    try:
+        trainer = fit(TripwireCallback(config, out_dir=f"flaky://runs/hf-{os.getpid()}"), tmp_path, max_steps=10)
+    finally:
+        flakyfs.FlakyFileSystem.failing = False
+    assert trainer.state.global_step == 10
+    assert any("cannot open the run" in r.getMessage() for r in caplog.records if r.name == "tripwire")
+    assert any("raised ZeroDivisionError" in r.getMessage() for r in caplog.records if r.name == "tripwire")
+
+
+def test_a_loss_the_trainer_computes_itself_is_said_to_be_missing(tmp_path, caplog):
+    """With label smoothing the Trainer takes the labels away from the model and computes the loss: the model
+    returns none, and tripwire has none to record; it says so, and so do the rules that need it."""
+    cb = TripwireCallback({"sampling": {"every": 5}, "rules": ["loss_not_decreasing"]}, out_dir=tmp_path / "run")
+    fit(cb, tmp_path, max_steps=10, label_smoothing_factor=0.1)
+    assert [r.getMessage() for r in caplog.records if "returned no loss" in r.getMessage()] == [
+        "tripwire: the model returned no loss at step 0 (the Trainer computes it itself with label_smoothing_factor, "
+        "a compute_loss_func or its own compute_loss): losses/train is not recorded, and a NaN loss is not caught."]
+    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
+    assert verdict.rule == "loss_not_decreasing" and verdict.status == "no_data"
+
+
+def run_ddp(tmp_path, config, *extra):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(SCRIPT), str(tmp_path / "run"), json.dumps(config), str(tmp_path / "result"),
+                           *extra], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_ddp_each_rank_writes_its_own_data_and_a_stop_on_one_rank_stops_both_at_the_same_step(tmp_path):
+    config = {"workers": "all", "sampling": {"every": 2}, "collections": {"losses": {}},
+              "rules": [{"rule": "exploding_tensor", "params": {"collections": ["losses"]},
+                         "actions": ["log", "stop"]}]}
+    rank0, rank1 = run_ddp(tmp_path, config, "--nan-rank", "1", "--nan-at", "6", "--steps", "20")
+    assert rank0["run_url"] == rank1["run_url"] == str(tmp_path / "run")
+    assert rank0["global_step"] == rank1["global_step"] == 7
+    assert not rank0["verdicts"] and rank1["verdicts"][0]["step"] == 6
+    run = tripwire.open_run(rank0["run_url"])
+    assert run.workers() == [0, 1] and run.info["world_size"] == 2 and run.info["status"] == "stopped"
+    assert run.steps(worker=0) == run.steps(worker=1) == [0, 2, 4, 6]
+    loss = run.tensor("losses/train")
+    assert loss.reduction(4, worker=0) != loss.reduction(4, worker=1)  # each rank's own batch
+    assert 0.3 < loss.reduction(0, worker=0) < 1.2  # each rank's own loss, near ln(2) for 2 classes
+    assert [v.worker for v in run.verdicts() if v.fired] == [1]
+
+
+def test_ddp_a_language_model_s_loss_is_each_rank_s_own(tmp_path):
+    """Transformers' causal LM loss divides by the count of every rank's tokens (average_tokens_across_devices),
+    and the Trainer multiplies it back by the world size: so does tripwire. Under the default `workers: zero`
+    only rank 0 writes."""
+    rank0, rank1 = run_ddp(tmp_path, {"sampling": {"every": 5}, "collections": {"losses": {}}}, "--gpt2",
+                           "--steps", "10")
+    assert rank0["global_step"] == rank1["global_step"] == 10
+    run = tripwire.open_run(rank0["run_url"])
+    assert run.workers() == [0] and run.steps() == [0, 5]
+    assert run.tensor("losses/train").reduction(0) == pytest.approx(math.log(32), rel=0.1)

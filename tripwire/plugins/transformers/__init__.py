@@ -1,0 +1,5 @@
+"""tripwire for Hugging Face Transformers: `TripwireCallback` for `transformers.Trainer`."""
+
+from .callback import TripwireCallback
+
+__all__ = ["TripwireCallback"]

@@ -1,0 +1,328 @@
+"""The Hugging Face Transformers callback: an adapter from `transformers.Trainer`'s events onto tripwire.core.
+
+A step is an optimizer step, numbered by the Trainer's global step as it is when the step begins (the optimizer
+steps done before it); with gradient accumulation its micro-batches are one step. `on_step_begin` asks the plan
+whether the step is sampled (one cached comparison when it is not); on a sampled step activation hooks are
+registered for that step only, `on_pre_optimizer_step` reads the gradients (after clipping) and the parameters
+before the update, and `on_step_end` records the sample, runs the rules and applies the decision.
+
+The loss is the model's own (`outputs.loss`), read by a forward hook on the model, because the Trainer hands
+callbacks no loss, and its logs hide a NaN (`logging_nan_inf_filter`, on by default, logs the mean of the other
+steps instead). On a sampled step it is the step's loss as the model computed it, never divided by the
+accumulation steps: the mean of its micro-batches' losses, or their sum where each is a share of the step's (the
+Trainer passed the model `num_items_in_batch`, and the model's loss, seen at the first sampled step, sums over its
+items: Transformers' own loss functions divide that sum by the step's count; a loss that takes the mean, like
+BERT's sequence classifier's, ignores the count). On the other steps (and the sampled steps that do not sample the
+loss) the hook only judges it for NaN/Inf (LossWatch), so that a NaN stops training at the step it appears; in one
+process only, as under DDP a stop must be agreed by every rank, which they do at the sampled steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import numbers
+import os
+from collections.abc import Mapping
+
+import torch
+import transformers
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from tripwire.core.actions import agree
+from tripwire.core.config import load_config
+from tripwire.core.errors import RuleFired
+from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
+from tripwire.plugins.torch.firststep import LossSpy
+from tripwire.plugins.torch.losswatch import LossWatch
+from tripwire.plugins.torch.reduce import Reductions
+from tripwire.plugins.torch.structure import describe
+
+log = logging.getLogger("tripwire")
+# The logs of the Trainer that are no step's: an evaluation's (recorded by on_evaluate) and the summary at the end.
+NOT_A_STEP = ("eval_", "train_runtime")
+
+
+class TripwireCallback(TrainerCallback, ExportableState):
+    """Capture, rules and actions for a `transformers.Trainer`: `Trainer(..., callbacks=[TripwireCallback()])`.
+
+    config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
+    out_dir: the run's URL (any fsspec URL). Without it the run goes to the config's `output` where your config
+        sets one, else to `<TrainingArguments.output_dir>/tripwire`, beside the Trainer's checkpoints. Where a run
+        is there already, a new training gets a run of its own beside it (-1, -2, …; `run_url` says which).
+    storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
+    append: add to the run at out_dir instead. A training resumed with `trainer.train(resume_from_checkpoint=…)`
+        always appends to the run it came from: the run's URL travels in the Trainer's checkpoint.
+
+    Names are the model's `named_parameters()` paths (`weights/bert.encoder.layer.0.attention.self.query.weight`).
+    The Trainer's logs (`loss`, `grad_norm`, `learning_rate`, …) are recorded as `metrics/<key>` in mode train at
+    the step that just ended, whenever the Trainer logs (`logging_steps`); an evaluation's metrics in mode eval at
+    the global step it ran at, with Keras' names for them: Transformers' `eval_` prefix becomes `val_`
+    (`eval_loss` is `metrics/val_loss`), so `overfit` and `oscillating_loss` read them with their defaults.
+    Actions: `stop` sets `control.should_training_stop`, so the Trainer ends as it would at its last step;
+    `checkpoint` sets `control.should_save`: the Trainer's own resumable checkpoint, `output_dir/checkpoint-<N>`,
+    N the global step after the step that fired; `raise` closes the run and raises `tripwire.RuleFired` out of
+    `train()`. Under DDP every rank stops (saves, raises) at the same step.
+    """
+
+    def __init__(self, config=None, out_dir=None, storage_options: dict | None = None, *, append: bool = False):
+        self.config = load_config(config)
+        self.out_dir = out_dir
+        self.storage_options = storage_options
+        self.append = append
+        self.run_url: str | None = None
+        prepare_storage(self.config, out_dir, storage_options)
+        self._plan = self.config.plan()
+        self._recorder: Recorder | None = None
+        self._capture: TorchCapture | None = None
+        self._training = False  # between on_train_begin and on_train_end: the Trainer's events are training's
+        self._rank, self._world, self._device = 0, 1, None
+        self._model = None
+        self._hook = None  # the model's forward hook, while training
+        self._step = 0  # the global step when the current step began
+        self._sampled = False
+        self._losses: list = []  # the losses of a sampled step's micro-batches so far
+        self._rates: dict = {}  # optimizer/<name> as the sampled step's optimizer step found them
+        self._shares = False  # they are shares of the step's loss (the model was given num_items_in_batch)
+        self._sums = False  # the model's loss sums over its items (seen at the first sampled step)
+        self._share_scale = 1  # shares of a loss averaged over every rank's tokens: the Trainer's own factor
+        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf
+        self._watch_loss = False
+        self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record when the step ends
+        self._looked = False  # the first sampled step's forward pass ran under a LossSpy
+        self._said_no_loss = False
+        self._alive = None  # Recorder.alive where a rule judges the time since the last step
+        self._state = "finished"
+        self._verdicts: list = []
+
+    @property
+    def verdicts(self) -> list:
+        """Verdicts found so far in this process (in-process or picked up from the side process)."""
+        return list(self._verdicts)
+
+    def state(self) -> dict:
+        """What the Trainer's checkpoint keeps of this callback (TrainerState.stateful_callbacks): the run's URL, read
+        back when training resumes. The config is there so that `restore_callback_states_from_checkpoint=True`,
+        which makes a new callback from it, gets the same rules (without storage_options: they may hold
+        credentials)."""
+        return {"args": {"config": self.config.to_dict()}, "attributes": {"run_url": self.run_url}}
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self._close("failed")  # a train() that raised left its run open
+        self._rank, self._world, self._device = int(args.process_index), max(int(args.world_size), 1), args.device
+        resumed = self._stored_url(state) if state.global_step > 0 else None
+        url = self._broadcast(resumed or make_run_url(self.config, self._location(args)))
+        self._state, self._training, self._looked = "finished", True, False
+        if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
+            url = self._start(model, optimizer, url, self.append or resumed is not None)
+        self.run_url = self._broadcast(url)
+        if self._rank != 0 and self.config.workers == "all":
+            self._start(model, optimizer, self.run_url, True)
+        if self._recorder is not None:
+            self._model = model
+            self._watch_loss = self._world == 1
+            self._share_scale = self._world if getattr(args, "average_tokens_across_devices", False) else 1
+            self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+
+    def _location(self, args):
+        """out_dir, else the config's `output` where the user's config sets it (None), else beside the checkpoints."""
+        if self.out_dir is not None or self.config.output_set or not args.output_dir:
+            return self.out_dir
+        return os.path.join(args.output_dir, "tripwire")
+
+    def _stored_url(self, state) -> str | None:
+        stored = (state.stateful_callbacks or {}).get(type(self).__name__)
+        for entry in stored if isinstance(stored, list) else [stored]:
+            url = entry.get("attributes", {}).get("run_url") if isinstance(entry, dict) else None
+            if url:
+                return url
+        return None
+
+    def _start(self, model, optimizer, url: str, append: bool) -> str:
+        structure = describe(model, [optimizer] if optimizer is not None else None)
+        self._recorder = Recorder(self.config, run_url=url, framework="transformers",
+                                  framework_version=f"transformers {transformers.__version__}", worker=self._rank,
+                                  world_size=self._world, storage_options=self.storage_options,
+                                  info={"torch_version": torch.__version__}, model=structure, append=append)
+        self._recorder.start()
+        self._verdicts = self._recorder.verdicts
+        self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
+        self._capture.watching_steps = True  # on_step_end says whether the optimizer stepped
+        self._plan = self._recorder.plan
+        self._alive = self._recorder.alive if self._recorder.clock else None
+        return self._recorder.run_url
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close(self._state)
+
+    def _close(self, state: str) -> None:
+        self._training, self._sampled, self._nonfinite, self._alive = False, False, None, None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._capture is not None:
+            self._capture.close()
+        if self._recorder is not None:
+            try:
+                self._recorder.finish(state)
+            finally:
+                self._recorder, self._capture, self._model = None, None, None
+
+    # -- training steps -------------------------------------------------------------------------------------------
+    def on_step_begin(self, args, state, control, **kwargs):
+        step = self._step = state.global_step
+        if self._alive is not None:
+            self._alive()
+        if self._capture is None:
+            self._sampled = self._training and bool(self._plan.at("train", step))
+            return
+        self._sampled = self._capture.begin("train", step)
+        if self._sampled:
+            self._losses, self._shares = [], False
+            if not self._looked:
+                self._look_at_first_step(self._model, step)
+
+    def _on_forward(self, module, args, kwargs, output) -> None:
+        """Every training forward pass of the model: its loss, kept where the step samples the loss, else judged
+        for NaN/Inf; labels and inputs on a sampled step. Evaluation's forward passes (eval mode) are no step's."""
+        if not module.training:
+            return
+        loss = output.get("loss") if isinstance(output, Mapping) else None
+        if self._sampled and self._capture.wants("losses"):
+            if isinstance(loss, torch.Tensor):
+                self._losses.append(loss.detach())
+                self._shares = self._sums and kwargs.get("num_items_in_batch") is not None
+        elif self._watch_loss and loss is not None and self._nonfinite is None:
+            self._nonfinite = self._loss_watch.see(self._step, loss)
+        if self._sampled:
+            self._capture.take("labels", "", kwargs.get("labels"))
+            self._capture.take_inputs(kwargs.get(getattr(module, "main_input_name", "input_ids")))
+
+    def _look_at_first_step(self, model, step: int) -> None:
+        """Run this step's forward pass, where a Transformers model computes its loss, under a LossSpy, once: what
+        it does with its loss goes to the run, and says whether the loss sums over its items."""
+        self._looked = True
+        spy, own = LossSpy(), model.__dict__.get("forward")
+        original = model.forward
+
+        @functools.wraps(original)  # the Trainer reads forward's signature to pick the columns it feeds
+        def forward(*args, **kwargs):
+            if own is None:
+                del model.forward
+            else:
+                model.forward = own
+            with spy:
+                out = original(*args, **kwargs)
+            facts = spy.finish(step)
+            self._sums = any(use.settings.get("reduction") == "sum" for use in facts.losses)
+            if self._recorder is not None:
+                self._recorder.first_step(facts)
+            return out
+
+        model.forward = forward
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        """Gradients after clipping, and the learning rate of this step: the scheduler steps before on_step_end."""
+        if self._sampled and self._capture is not None:
+            self._capture.before_optimizer_step(optimizer)
+            if self._capture.wants("optimizer"):
+                self._rates = {f"optimizer/{k}": v for k, v in optimizer_state([optimizer]).items()}
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        if self._nonfinite is not None:  # between samples, one process: no other rank to agree with
+            (step, loss), self._nonfinite = self._nonfinite, None
+            self._decide(args, state, control, self._recorder.check_loss(step, loss) if self._recorder else None)
+        if not self._sampled:
+            return
+        self._sampled = False
+        decision = None
+        if self._capture is not None:
+            capture = self._capture
+            if not getattr(optimizer, "step_was_skipped", False):  # AMP's scaler skips steps with inf gradients
+                capture.stepped()
+            rates, self._rates = self._rates, {}
+            values, tensors = capture.end(self._step_loss(), (), rates)
+            decision = self._recorder.record(self._step, "train", values, tensors)
+        self._decide(args, state, control, decision)
+
+    def _step_loss(self):
+        losses, self._losses = self._losses, []
+        if not losses:
+            if self._capture.wants("losses") and not self._said_no_loss:
+                self._said_no_loss = True
+                log.warning("tripwire: the model returned no loss at step %s (the Trainer computes it itself with "
+                            "label_smoothing_factor, a compute_loss_func or its own compute_loss): losses/train is "
+                            "not recorded, and a NaN loss is not caught.", self._step)
+            return None
+        total = sum(loss.float().mean() for loss in losses)
+        return total * self._share_scale if self._shares else total / len(losses)
+
+    def save_tensor(self, name: str, tensor) -> None:
+        """Capture a tensor of your own as `custom/<name>` at this step, if the `custom` collection is sampled."""
+        if self._sampled and self._capture is not None:
+            self._capture.take("custom", name, tensor)
+
+    # -- logs and evaluation --------------------------------------------------------------------------------------
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """The Trainer's logs of the steps, as `metrics/<key>` at the step that just ended, whenever it logs."""
+        if not self._training or not logs or any(key.startswith(NOT_A_STEP) for key in logs):
+            return
+        decision = self._record_metrics(max(state.global_step - 1, 0), "train", logs)
+        self._decide(args, state, control, decision)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        """An evaluation during training, in mode eval at the global step it ran at; `eval_x` as `metrics/val_x`."""
+        if not self._training or not self._plan.at("eval", state.global_step):
+            return
+        named = {("val_" + key[5:] if key.startswith("eval_") else key): value
+                 for key, value in (metrics or {}).items()}
+        self._decide(args, state, control, self._record_metrics(state.global_step, "eval", named))
+
+    def _record_metrics(self, step: int, mode: str, metrics: dict):
+        plan = self._recorder.plan.collections.get("metrics") if self._recorder is not None else None
+        if plan is None:
+            return None
+        reductions = Reductions()
+        for key, value in metrics.items():
+            if isinstance(value, numbers.Real) and plan.selects(key):
+                reductions.add_scalar(f"metrics/{key}", value)
+        values = reductions.to_host()
+        return self._recorder.record(step, mode, values) if values else None
+
+    # -- decisions ------------------------------------------------------------------------------------------------
+    def _decide(self, args, state, control, decision) -> None:
+        """Agree across ranks (every rank calls this at the same events; tripwire.core.actions.agree) and act on
+        the Trainer's control."""
+        if self._recorder is not None:
+            decision = decision.merge(self._recorder.poll()) if decision else self._recorder.poll()
+        stop = bool(decision and decision.stop)
+        checkpoint = bool(decision and decision.checkpoint)
+        raise_for = decision.raise_for if decision is not None else None
+        fired_rank = None
+        if self._world > 1:
+            stop, checkpoint, raise_for, fired_rank = agree(decision, self._rank, self._reduce_max, self._broadcast)
+        if checkpoint:
+            control.should_save = True
+            log.warning("tripwire: the Trainer saves a checkpoint now, in %s", os.path.join(
+                args.output_dir or ".", f"checkpoint-{state.global_step}"))
+        if stop or raise_for is not None:
+            control.should_training_stop = True
+            self._state = "stopped"
+        if raise_for is not None:
+            self._close("stopped")
+            raise RuleFired(raise_for, rank=fired_rank)
+
+    def _broadcast(self, value, src: int = 0):
+        if self._world <= 1:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def _reduce_max(self, flags: list) -> list:
+        values = torch.tensor(flags, device=self._device)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        return values.tolist()
