@@ -114,3 +114,29 @@ def test_a_keras_tensorboard_callback_in_the_same_fit_gets_the_verdicts(tmp_path
     fired = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
     tags = event_tags(tmp_path / "logs" / "train")
     assert any("dead_relu" in tag for tag in tags) and tags["tripwire/verdicts"][-1] == len(fired)
+
+
+def test_the_trainer_s_report_to_integrations_get_the_verdicts(tmp_path, mlflow_store):
+    """`report_to=["tensorboard", "mlflow"]`: the TensorBoardCallback's writer gets each verdict as text and the
+    count, the run MLflowCallback starts gets the tags. The fault: a batch of labels all -100 (a NaN loss)."""
+    from transformers import Trainer
+
+    from benchmarks.zoo import data
+    from benchmarks.zoo.transformers_cases import Rows, Stream, arguments, tiny_bert
+    from tripwire.plugins.transformers import TripwireCallback as TrainerCallback
+
+    (xt, yt), (xv, yv) = data.token_presence()
+    yt = yt.copy()
+    yt[3 * 32:4 * 32] = -100
+    callback = TrainerCallback()
+    args = arguments(str(tmp_path / "out"), max_steps=8, report_to=["tensorboard", "mlflow"])
+    Trainer(model=tiny_bert(), args=args, train_dataset=Stream(xt, yt), eval_dataset=Rows(xv, yv),
+            callbacks=[callback]).train()
+    fired = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
+    assert any(v.rule == "exploding_tensor" and v.step == 3 for v in fired)
+    tags = event_tags(tmp_path / "out")
+    assert any("[exploding_tensor] error at step 3" in text for text in tags["tripwire"])
+    assert tags["tripwire/verdicts"][-1] == len(fired)
+    (run,) = mlflow_store.search_runs(output_format="list", search_all_experiments=True)
+    assert run.data.tags["tripwire.exploding_tensor"] == "error at step 3"
+    assert run.data.tags["tripwire.status"] == "stopped"

@@ -124,6 +124,21 @@ def active_mlflow_sink() -> MlflowSink | None:
     return MlflowSink(mlflow.MlflowClient(), run.info.run_id)
 
 
+def siblings(callback) -> list:
+    """The other callbacks of the framework call that is calling `callback` now. Keras and the Trainer hand a
+    callback no list of them: it is their callback list that calls it (Keras' CallbackList, the Trainer's
+    CallbackHandler), a few frames up, holding them as `callbacks`. None where that cannot be seen."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            break
+        found = getattr(frame.f_locals.get("self"), "callbacks", None)
+        if isinstance(found, list) and any(c is callback for c in found):
+            return [c for c in found if c is not callback]
+    return []
+
+
 def local_report(store) -> str | None:
     """A local copy of the run's report.html (written by the `report` action), for loggers that take files."""
     try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 
 import keras
@@ -29,7 +28,7 @@ import numpy as np
 from tripwire.core.config import load_config
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce as reduce_numpy
-from tripwire.core.sinks import EventFileSink
+from tripwire.core.sinks import EventFileSink, siblings
 
 from .capture import StepCapture
 from .firststep import first_step
@@ -84,7 +83,7 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.close()
         structure = describe(model)
         self._open(model, structure)
-        self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in _siblings(self)
+        self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
         hook_model(model)
         self._sampled = ()
@@ -268,20 +267,6 @@ class TripwireCallback(keras.callbacks.Callback):
                 self._recorder.finish(state)
             finally:
                 self._recorder, self._alive = None, None
-
-
-def _siblings(callback) -> list:
-    """The other callbacks of the fit that calls this one (Keras hands a callback no list of them: it is the
-    CallbackList calling it, a frame or two up); none where that cannot be seen."""
-    frame = sys._getframe(1)
-    for _ in range(4):
-        frame = frame.f_back
-        if frame is None:
-            break
-        found = getattr(frame.f_locals.get("self"), "callbacks", None)
-        if isinstance(found, list) and any(c is callback for c in found):
-            return [c for c in found if c is not callback]
-    return []
 
 
 def _steps_taken(model) -> int:

@@ -34,6 +34,7 @@ from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.sinks import WriterSink, siblings
 from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
 from tripwire.plugins.torch.firststep import LossSpy
 from tripwire.plugins.torch.losswatch import LossWatch
@@ -148,6 +149,9 @@ class TripwireCallback(TrainerCallback, ExportableState):
                                   world_size=self._world, storage_options=self.storage_options,
                                   info={"torch_version": torch.__version__}, model=structure, append=append)
         self._recorder.start()
+        if self._rank == 0:  # the Trainer's report_to integrations write on the main process; MLflow's active run
+            self._recorder.add_sinks(WriterSink(c.tb_writer, "TensorBoardCallback") for c in siblings(self)
+                                     if getattr(c, "tb_writer", None) is not None)
         self._verdicts = self._recorder.verdicts
         self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
         self._capture.watching_steps = True  # on_step_end says whether the optimizer stepped
