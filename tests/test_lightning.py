@@ -291,3 +291,21 @@ def test_check_exit_codes(tmp_path):
     assert show.returncode == 0 and "status     finished" in show.stdout and "exploding_tensor" in show.stdout
     rules = cli("rules", "dead_relu")
     assert rules.returncode == 0 and "threshold_layer = 70.0" in rules.stdout and "hint:" in rules.stdout
+
+
+@pytest.mark.parametrize("with_logger", [True, False], ids=["logger", "no_logger"])
+def test_a_run_goes_where_lightning_puts_its_own_output(tmp_path, with_logger):
+    """No out_dir and no `output` of the user's: the logger's folder (as ModelCheckpoint does), else
+    default_root_dir; a second fit there gets a run beside the first."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    urls = []
+    for _ in range(2):
+        callback = TripwireCallback({"rules": ["exploding_tensor"], "sampling": {"every": 20}})
+        logger = CSVLogger(tmp_path / "logs") if with_logger else False
+        helpers.fit(callback, max_steps=5, default_root_dir=tmp_path, logger=logger)
+        urls.append(callback.run_url)
+    if with_logger:
+        assert urls == [str(tmp_path / "logs" / "lightning_logs" / f"version_{i}" / "tripwire") for i in (0, 1)]
+    else:
+        assert urls == [str(tmp_path / "tripwire"), str(tmp_path / "tripwire-1")]

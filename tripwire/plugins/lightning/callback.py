@@ -58,8 +58,10 @@ class TripwireCallback(*_callback_bases()):
     """Capture, rules and actions for a Lightning Trainer.
 
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
-    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Where a run is there already, a
-        new training gets a run of its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
+    out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Without either, the run goes where
+        Lightning puts its own output: `<logger's log_dir>/tripwire` (lightning_logs/version_N/tripwire), or
+        `<default_root_dir>/tripwire` without a logger. Where a run is there already, a new training gets a run of
+        its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
     storage_options: passed to fsspec (e.g. S3 credentials); merged over the config's.
     append: add to the run at out_dir instead (a training resumed from a Lightning checkpoint always appends to
         the run it came from; so does fitting again with the same Trainer and callback).
@@ -114,7 +116,8 @@ class TripwireCallback(*_callback_bases()):
         # a resumed training (checkpoint, or a fit that goes on with this Trainer) appends to its run
         goes_on = self.run_url if self.run_url is not None and trainer.global_step > 0 else None
         append = self.append or bool(self._resume_url or goes_on)
-        url = trainer.strategy.broadcast(self._resume_url or goes_on or make_run_url(self.config, self.out_dir), src=0)
+        url = self._resume_url or goes_on or make_run_url(self.config, self._location(trainer))
+        url = trainer.strategy.broadcast(url, src=0)
         rank, world = trainer.global_rank, trainer.world_size
         self._state = "finished"
         if rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
@@ -123,6 +126,14 @@ class TripwireCallback(*_callback_bases()):
         if rank != 0 and self.config.workers == "all":
             self._start(trainer, pl_module, self.run_url, True)
         self._watch(trainer)
+
+    def _location(self, trainer):
+        """out_dir, else the config's `output` where the user's config sets it (None), else where Lightning puts
+        its own output, as its ModelCheckpoint does: the logger's folder (lightning_logs/version_N), or
+        default_root_dir without a logger."""
+        if self.out_dir is not None or self.config.output_set:
+            return self.out_dir
+        return os.path.join(trainer.log_dir or trainer.default_root_dir, "tripwire")
 
     def _start(self, trainer, pl_module, url: str, append: bool) -> str:
         import torch
