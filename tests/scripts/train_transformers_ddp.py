@@ -65,3 +65,6 @@ trainer.train()
 with open(f"{a.result}-{rank}.json", "w") as f:
     json.dump({"rank": rank, "global_step": trainer.state.global_step, "run_url": cb.run_url,
                "verdicts": [v.to_dict() for v in cb.verdicts]}, f)
+if torch.distributed.is_initialized():  # gloo's threads end with the group, not at interpreter exit (an abort)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
