@@ -67,11 +67,13 @@ def agree(decision: Decision | None, rank: int, reduce_max, broadcast) -> tuple:
 LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 
 
-def apply(verdict, actions, write_report, cause=None) -> Decision:
+def apply(verdict, actions, write_report, cause=None, stopping: bool = False) -> Decision:
     """Run a fired verdict's actions that act on its severity; `write_report()` writes the run's report.
 
     cause: the earlier verdict whose diagnosis this one joins (tripwire.core.diagnosis), if any: the log names it
-    instead of repeating a hint."""
+    instead of repeating a hint.
+    stopping: training is already stopping (an earlier verdict's stop, whose checkpoint is written): a verdict that
+    fires while the framework winds down (its last validation) is logged, and stops or checkpoints nothing again."""
     decision = Decision(verdicts=[verdict])
     for action in actions:
         if not action.acts_on(verdict):
@@ -83,6 +85,8 @@ def apply(verdict, actions, write_report, cause=None) -> Decision:
             log.log(LOG_LEVELS[verdict.severity], "tripwire: %s", text)
         elif action.name == "stop" and verdict.mode == "predict":  # predict is outside training and over by now
             log.warning("tripwire: rule %s fired on predictions (step %s); nothing to stop", verdict.rule, verdict.step)
+        elif action.name in ("stop", "checkpoint") and stopping:
+            continue
         elif action.name == "stop":
             decision.stop = True
             log.warning("tripwire: stopping training after step %s: rule %s fired (%s)", verdict.step, verdict.rule,

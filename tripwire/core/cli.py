@@ -193,8 +193,9 @@ def _check(args) -> int:
     from .diagnosis import summary
 
     run = _open(args.run)
-    verdicts = check(run, _config(args.config), on_verdict=lambda v: print(v.describe(with_hint=False)),
-                     trust_run=args.trust_run)
+    # Findings as they come; the rules that failed or had no data are listed once, in the summary.
+    verdicts = check(run, _config(args.config),
+                     on_verdict=lambda v: v.fired and print(v.describe(with_hint=False)), trust_run=args.trust_run)
     if verdicts:
         print("\n" + summary(verdicts))
     code = _verdict_exit(verdicts)

@@ -18,6 +18,7 @@ import time
 from .. import __version__
 from .actions import Decision, apply
 from .config import Config, load_config
+from .console import show_on_console
 from .diagnosis import explained_by, summary
 from .history import History
 from .model import ModelInfo
@@ -97,6 +98,7 @@ class Recorder:
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
         self.sinks: list = []  # the user's loggers that verdicts also go to (core.sinks)
         self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
+        self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -104,6 +106,7 @@ class Recorder:
         that is missing, failing or slow never holds training up for more than OPEN_WAIT_S, nor raises."""
         if self.writer is not None:
             return
+        show_on_console()
         self.store = Store(self.run_url, self.storage_options)
         side = self.config.evaluation.where == "side_process"
         ticks = side or self.engine.has_idle_rules
@@ -164,7 +167,8 @@ class Recorder:
             for verdict in self.engine.finish(self.history, self.last_step or 0, self.worker):
                 self.verdicts.append(verdict)
                 self.writer.put_verdict(verdict)
-                log.warning("tripwire: %s", verdict.describe(with_hint=False))
+                if verdict.status == "error":
+                    log.warning("tripwire: %s", verdict.describe(with_hint=False))
         self._log_summary()
         writer = self.writer
         try:
@@ -213,15 +217,18 @@ class Recorder:
         self._tell(self.sinks, lambda sink: sink.close(self.run_url, state, text, report))
 
     def _log_summary(self) -> None:
-        """At the end of training, one block per diagnosis (WARNING), or one line saying what was checked and that
-        nothing fired (INFO)."""
+        """At the end of training, one block per diagnosis (WARNING); or one line that says what was checked, that
+        nothing fired, and which rules never had the data they judge (INFO)."""
         fired = [v for v in self.verdicts if v.fired]
         if any(v.counts for v in fired):
             log.warning("tripwire: %s at step %s of %s:\n%s", "training ended" if self.engine is not None else
                         "the watcher's verdicts", self.last_step, self.run_url, summary(self.verdicts))
         elif self.engine is not None and self.engine.slots:
-            log.info("tripwire: %d rule(s) checked %s up to step %s; no warning or error%s.", len(self.engine.slots),
-                     self.run_url, self.last_step, f" ({len(fired)} at info)" if fired else "")
+            idle = sorted({v.rule for v in self.verdicts if v.status == "no_data"})
+            log.info("tripwire: %d rule(s) checked %s up to step %s; no warning or error%s%s.",
+                     len(self.engine.slots), self.run_url, self.last_step,
+                     f" ({len(fired)} at info)" if fired else "",
+                     f"; without the data they judge: {', '.join(idle)}" if idle else "")
 
     # -- per step -------------------------------------------------------------------------------------------------
     def alive(self) -> None:
@@ -322,10 +329,12 @@ class Recorder:
     # -- internals ------------------------------------------------------------------------------------------------
     def _act(self, verdict: Verdict) -> Decision:
         if not verdict.fired:
-            log.warning("tripwire: %s", verdict.describe(with_hint=False))
+            log.log(logging.WARNING if verdict.status == "error" else logging.INFO, "tripwire: %s",
+                    verdict.describe(with_hint=False))
             return Decision(verdicts=[verdict])
         cause = explained_by(verdict, [v for v in self.verdicts if v is not verdict])
-        decision = apply(verdict, self._actions.get(verdict.rule, ()), self.write_report, cause)
+        decision = apply(verdict, self._actions.get(verdict.rule, ()), self.write_report, cause, self._stopping)
+        self._stopping |= decision.stop
         fired = sum(v.fired for v in self.verdicts)
         self._tell(self.sinks, lambda sink: sink.verdict(verdict, fired))
         return decision
