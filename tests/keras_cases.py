@@ -418,3 +418,20 @@ def test_the_run_knows_the_model_normalisation_shifts_are_biases_and_frozen_laye
     assert first.followed_by == "norm" and first.trainable is False
     assert not any(bn.moving_mean.path == p for p in run.model.parameters)  # state, not a parameter
     assert [v for v in run.verdicts() if v.counts] == [] and run.info["status"] == "finished"
+
+
+def test_input_features_names_a_feature_on_another_scale_from_the_first_batch_alone(tmp_path):
+    """The first batch is kept whole for input_features (on every backend, from the compiled step too); the
+    later sampled batches as reductions only."""
+    (xt, yt), _ = helpers.digits()
+    xt = xt.copy()
+    xt[:, 5] *= 10_000.0
+    config = {"sampling": {"every": 10}, "rules": [{"rule": "input_features"}], "collections": {"inputs": {}}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model = mlp(lr=0.01)
+    model.fit(xt, yt, batch_size=32, epochs=1, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    (verdict,) = [v for v in run.verdicts() if v.finding == "inputs/x:scales"]
+    assert verdict.step == 0 and verdict.evidence["largest"] == 5
+    inputs = run.tensor("inputs/x")
+    assert inputs.steps(tensors=True) == [0] and inputs.steps()[:3] == [0, 10, 20]

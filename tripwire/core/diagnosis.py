@@ -47,6 +47,8 @@ class Cause:
 # inputs before the learning rate: their huge activations make any rate's steps look too large).
 CAUSES: dict[str, Cause] = {
     "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),
+    "input_features:scales": Cause("features on scales far apart", _BLOWUP + ("learning_rate:high",
+                                                                             "input_not_normalized")),
     "learning_rate:high": Cause("learning rate too high", _BLOWUP),
     "learning_rate:zero": Cause("learning rate 0", _NO_STEP),
     "learning_rate:low": Cause("learning rate too low", _NO_STEP),
@@ -92,7 +94,7 @@ def kind(verdict: Verdict) -> str:
     """What a verdict says, for the causal links: its rule, with the side of its finding where the rule has two
     findings of different meaning (`weight_update_ratio:large` and `:small`)."""
     rule, finding = verdict.rule, verdict.finding
-    if rule in ("tensor_variance", "weight_update_ratio", "learning_rate"):
+    if rule in ("tensor_variance", "weight_update_ratio", "learning_rate", "input_features"):
         return f"{rule}:{finding.rsplit(':', 1)[-1]}"
     if rule == "unchanged_tensor" and finding in ("frozen", "lr0") or rule == "untrained_parameters":
         return f"{rule}:{finding}"

@@ -39,14 +39,15 @@ def plan_collections(config) -> dict[str, CollectionPlan]:
             # a collection that only a rule asks for captures only what the rule needs
             body = wanted.setdefault(req.collection, {"reductions": [], "include": list(req.include)})
             body.setdefault("reductions", DEFAULT_REDUCTIONS)
-            if req.steps:  # reductions read only in a window of steps are taken only there
-                windows.setdefault(req.collection, []).append((frozenset(req.steps), tuple(req.reductions)))
+            if req.steps:  # reductions and full tensors read only in a window of steps are taken only there
+                windows.setdefault(req.collection, []).append(
+                    (frozenset(req.steps), tuple(req.reductions), req.save_tensors))
             else:
                 body["reductions"] = [*body["reductions"], *req.reductions]
+                if req.save_tensors:
+                    body["save"] = "tensors"
             if body.get("include") and req.include:  # patterns widen a selection; no patterns already take all
                 body["include"] = list(dict.fromkeys([*body["include"], *req.include]))
-            if req.save_tensors:
-                body["save"] = "tensors"
     plans = {}
     for name, body in wanted.items():
         scalar = name in SCALAR_COLLECTIONS
@@ -64,7 +65,7 @@ def plan_collections(config) -> dict[str, CollectionPlan]:
             exclude=tuple(body.get("exclude", ())),
             # a step sampled for a window is a sampled step: the reductions wanted everywhere (the NaN count
             # exploding_tensor reads) are taken there too
-            windows=tuple((steps, (VALUE,) if scalar else tuple(dict.fromkeys([*extra, *everywhere])))
-                          for steps, extra in windows.get(name, ())),
+            windows=tuple((steps, (VALUE,) if scalar else tuple(dict.fromkeys([*extra, *everywhere])), save and not scalar)
+                          for steps, extra, save in windows.get(name, ())),
         )
     return plans

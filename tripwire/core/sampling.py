@@ -64,9 +64,9 @@ class CollectionPlan:
     schedules: dict  # mode -> Schedule, as configured
     include: tuple = ()
     exclude: tuple = ()
-    # (steps, reductions): reductions only a rule with a window of steps reads (e.g. percentiles in the first
-    # steps of training). Those steps are sampled too, and at a step sampled only for a window, only the
-    # window's reductions are computed.
+    # (steps, reductions, save): reductions, and full tensors where `save`, only a rule with a window of steps
+    # reads (e.g. percentiles in the first steps of training, the first batch's inputs). Those steps are sampled
+    # too, and at a step sampled only for a window, only the window's reductions are computed.
     windows: tuple = ()
     _patterns: tuple = field(default=(), repr=False)
     _variants: dict = field(default_factory=dict, repr=False)
@@ -77,20 +77,23 @@ class CollectionPlan:
         object.__setattr__(self, "selects", lru_cache(maxsize=None)(self._selects))
 
     def at_step(self, step: int | None, mode: str = "train") -> CollectionPlan:
-        """This plan as due at `step`: its reductions where its schedule samples the step, plus the windowed
-        reductions due there; only the latter at a step sampled for a window alone. None: everything."""
+        """This plan as due at `step`: its reductions (and full tensors) where its schedule samples the step, plus
+        the windowed ones due there; only the latter at a step sampled for a window alone. None: everything."""
         if not self.windows:
             return self
         scheduled = step is None or self.schedules[mode].sampled(step)
-        extra = tuple(dict.fromkeys(r for steps, reductions in self.windows if step is None or step in steps
-                                    for r in reductions if not (scheduled and r in self.reductions)))
-        if scheduled and not extra:
+        due = [w for w in self.windows if step is None or step in w[0]]
+        extra = tuple(dict.fromkeys(r for _, reductions, _ in due for r in reductions
+                                    if not (scheduled and r in self.reductions)))
+        save = (scheduled and self.save_tensors) or any(w[2] for w in due)
+        if scheduled and not extra and save == self.save_tensors:
             return self
-        key = (scheduled, extra)
+        key = (scheduled, extra, save)
         variant = self._variants.get(key)
         if variant is None:
             variant = self._variants[key] = dataclasses.replace(
-                self, reductions=(self.reductions if scheduled else ()) + extra, windows=(), _variants={})
+                self, reductions=(self.reductions if scheduled else ()) + extra, save_tensors=save, windows=(),
+                _variants={})
         return variant
 
     def _selects(self, path: str, kind: str = "") -> bool:
@@ -105,7 +108,7 @@ class CollectionPlan:
 
     def sampled(self, mode: str, step: int) -> bool:
         schedule = self.schedules.get(mode)
-        return schedule is not None and (schedule.sampled(step) or any(step in steps for steps, _ in self.windows))
+        return schedule is not None and (schedule.sampled(step) or any(step in w[0] for w in self.windows))
 
     def next_from(self, mode: str, step: int) -> int | None:
         """The first step at or after `step` sampled in this mode, or None."""
@@ -118,7 +121,7 @@ class CollectionPlan:
 
     @functools.cached_property
     def _window_steps(self) -> tuple:
-        return tuple(sorted({s for steps, _ in self.windows for s in steps}))
+        return tuple(sorted({s for w in self.windows for s in w[0]}))
 
 
 class CapturePlan:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .base import Requirement, Rule
 
 STATISTICS = ("mean", "std", "min", "max")
@@ -63,3 +65,78 @@ class InputNotNormalized(Rule):
                                              f"±{self.max_mean:g} and its std below {self.max_std:g}.",
                                        finding=name, onset=steps[0], tensor=name, mean=mean, std=std))
         return found or None
+
+
+@dataclass
+class InputFeatures(Rule):
+    """Tabular inputs whose features lie on scales far apart, or hold one value across the first batch."""
+
+    max_ratio: float = 1000.0
+    listed: int = 10  # features named in a message
+
+    name = "input_features"
+    modes = ("train",)
+    condition = ("at the first step, for each float input of samples x features (collection `inputs`, the first "
+                 "batch saved whole): the largest feature's magnitude (its max |x| over the batch) is more than "
+                 "`max_ratio` times the smallest non-zero one (warning, finding `<input>:scales`); features that "
+                 "hold one value across the batch (info, finding `<input>:constant`)")
+    hint = ("The features are on very different scales, so the large ones dominate the first layer's sums and "
+            "its gradients while the small ones barely move it. Try: standardise each feature with the training "
+            "set's mean and std (sklearn's StandardScaler, keras.layers.Normalization adapted to the training "
+            "data), or log-scale features that span orders of magnitude; apply the same transform at evaluation.")
+    source = ("DeepDiagnosis (Wardat et al., ICSE 2022) and AUTOTRAINER judge the inputs as one tensor (its mean, "
+              "its range), which misses a table of one feature in the thousands beside features in [0, 1]; here "
+              "each feature's scale is judged against the others, once, on the first batch. Trees do not care "
+              "about feature scales: boosters are not judged.")
+
+    def __post_init__(self):
+        self._done: set = set()
+
+    def requires(self):
+        return [Requirement("inputs", save_tensors=True, steps=(0,), optional=True)]
+
+    def check(self, run, step):
+        found = []
+        for name in run.tensor_names("inputs"):
+            tensor = run.tensor(name)
+            saved = tensor.steps(tensors=True)
+            if (run.default_worker, name) in self._done or not saved:
+                continue
+            self._done.add((run.default_worker, name))
+            found += self._judge(name, np.asarray(tensor.value(saved[0]), dtype=np.float64), saved[0], step)
+        return found or None
+
+    def _judge(self, name: str, batch: np.ndarray, first: int, step: int) -> list:
+        if batch.ndim != 2 or batch.shape[0] < 2 or batch.shape[1] < 2:
+            return []  # images, sequences, one feature: not a table of features
+        finite = np.where(np.isfinite(batch), batch, np.nan)  # NaN/Inf is exploding_tensor's
+        with np.errstate(all="ignore"):
+            magnitude = np.nanmax(np.abs(finite), axis=0)
+            spread = np.nanmax(finite, axis=0) - np.nanmin(finite, axis=0)
+        found = []
+        constant = np.flatnonzero(spread == 0)
+        if constant.size:
+            found.append(self.fire(step, f"{name}: {constant.size} of {batch.shape[1]} features hold one value "
+                                         f"across the first batch of {batch.shape[0]} (features "
+                                         f"{_listed(constant, self.listed)}): they carry nothing to learn from "
+                                         "there; drop them if they are constant in the whole training set.",
+                                   severity="info", finding=f"{name}:constant", onset=first, tensor=name,
+                                   features=constant[:self.listed].tolist(), count=int(constant.size)))
+        live = np.flatnonzero((magnitude > 0) & (spread > 0))
+        if live.size >= 2:
+            large, small = live[np.argmax(magnitude[live])], live[np.argmin(magnitude[live])]
+            ratio = magnitude[large] / magnitude[small]
+            if ratio > self.max_ratio:
+                wide = live[magnitude[live] > magnitude[small] * self.max_ratio]
+                found.append(self.fire(step, f"{name}: feature {large} reaches {magnitude[large]:.3g} and feature "
+                                             f"{small} only {magnitude[small]:.3g} in the first batch, {ratio:.3g}x "
+                                             f"apart (limit {self.max_ratio:g}x); {wide.size} feature(s) are over "
+                                             f"{self.max_ratio:g}x the smallest: {_listed(wide, self.listed)}.",
+                                       finding=f"{name}:scales", onset=first, tensor=name, ratio=float(ratio),
+                                       largest=int(large), smallest=int(small)))
+        return found
+
+
+def _listed(indices: np.ndarray, most: int) -> str:
+    shown = ", ".join(str(int(i)) for i in indices[:most])
+    return shown + (f" and {indices.size - most} more" if indices.size > most else "")

@@ -384,8 +384,8 @@ class StepCapture:
         if what == "reduced":  # computed for every reduction the function serves; kept: those due now
             reduced = dict(zip(self._reduced_as[name], array.astype(np.float64).tolist()))
             self.values[name] = {r: reduced[r] for r in plan.reductions if r in reduced}
-        elif what == "tensor":
-            if self.budget is None or self.budget.take(name, array.nbytes):
+        elif what == "tensor":  # the compiled function sends every tensor any step saves: kept where this one does
+            if plan.save_tensors and (self.budget is None or self.budget.take(name, array.nbytes)):
                 self.tensors[name] = np.array(array)
         elif plan.name in SCALAR_COLLECTIONS:
             self.values[name] = {"value": float(array.reshape(-1)[0])}

@@ -200,8 +200,11 @@ class TripwireProbe:
 
 
 def _mean(loss):
-    """The loss as one number where it is several (per sample), for the recorder's NaN check; None otherwise."""
+    """The loss, detached, as one number where it is several (per sample), for the recorder's NaN check (which
+    reads it as a float: detached, torch says nothing about its graph); None where no number can be read."""
+    if not isinstance(loss, torch.Tensor):
+        return loss
     try:
-        return loss.detach().float().mean() if isinstance(loss, torch.Tensor) and loss.numel() > 1 else loss
+        return loss.detach().float().mean() if loss.numel() > 1 else loss.detach()
     except (RuntimeError, NotImplementedError):  # a loss of a kind no mean is taken of (nested, sparse)
         return None
