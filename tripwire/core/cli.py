@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .errors import TripwireError
+from .errors import TripwireError, install
 
 
 def main(argv=None) -> int:
@@ -37,8 +37,8 @@ def main(argv=None) -> int:
         package = (exc.name or "").split(".")[0]
         if package not in EXTRAS:
             return _unexpected(args, exc)
-        print(f"tripwire {args.verb}: this needs {package}, which is not installed: pip install "
-              f"'tripwire[{EXTRAS[package]}]' (or pip install {package}).", file=sys.stderr)
+        print(f"tripwire {args.verb}: this needs {package}, which is not installed: {install(EXTRAS[package])} "
+              f"(or pip install {package}).", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - exit 1 means "a rule fired"; a crash must not read as that
         return _unexpected(args, exc)
@@ -57,8 +57,9 @@ def _unexpected(args, exc: Exception) -> int:
 
 
 DEBUG_ENV = "TRIPWIRE_DEBUG"
-EXTRAS = {"tensorboard": "tensorboard", "matplotlib": "report", "s3fs": "s3", "lightning": "lightning",
-          "sklearn": "demo", "yaml": "lightning"}  # an optional package a verb imports, and the extra that has it
+# An optional package a verb imports, and the extra that has it.
+EXTRAS = {"tensorboard": "tensorboard", "tensorboardX": "tensorboard", "matplotlib": "report", "s3fs": "s3",
+          "lightning": "lightning", "sklearn": "demo", "yaml": "lightning"}
 EXIT_CODES = ("exit codes: 0 nothing fired (compare: equivalent), 1 a verdict at warning or error (compare: the "
               "runs differ), 2 an error (a damaged run, a bad config, a rule that failed, a missing path).")
 TRUST_HELP = ("import the custom rules the run's stored config names (without it they are left out: code a run "
@@ -357,6 +358,6 @@ def _demo(args) -> int:
         from ..demo import run_demo
     except ImportError as exc:
         print(f"tripwire demo needs Lightning and scikit-learn ({exc}). Install them with "
-              "`pip install 'tripwire[lightning,demo]'` or run `make demo`.", file=sys.stderr)
+              f"`{install('lightning,demo')}` or run `make demo`.", file=sys.stderr)
         return 2
     return run_demo(args.out)
