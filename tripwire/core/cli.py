@@ -142,6 +142,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("name", nargs="?", help="a rule's name: print it in full")
     r.set_defaults(func=_rules)
 
+    frameworks = ("lightning", "keras", "xgboost", "transformers", "torch")
+    i = sub.add_parser("init", help="write a starting rule config, commented, into your repo",
+                       description="Write the rule config tripwire ships for a framework into your repo, comments "
+                                   "and all, to edit: rules.yaml (Lightning, Keras, Transformers, plain PyTorch) or "
+                                   "xgboost.yaml (XGBoost). Pass it to the callback: TripwireCallback(\"rules.yaml\").",
+                       epilog="exit codes: 0 written, 2 the file is there already (see --force) or cannot be written.")
+    i.add_argument("--framework", choices=frameworks, default="lightning",
+                   help="the framework you train with (default lightning: rules.yaml)")
+    i.add_argument("-o", "--output", metavar="PATH",
+                   help="the file to write, or a folder to write it into (default: rules.yaml, for xgboost "
+                        "xgboost.yaml, in the working directory)")
+    i.add_argument("--force", action="store_true", help="overwrite the file if it is there")
+    i.set_defaults(func=_init)
+
     d = sub.add_parser("demo", help="train a small model healthy and with faults; show detection and early stop")
     d.add_argument("--out", default="runs/demo", help="where the demo runs are stored (default runs/demo)")
     d.set_defaults(func=_demo)
@@ -350,6 +364,30 @@ def _rules(args) -> int:
     from .rulesdoc import describe
 
     print(describe(cls))
+    return 0
+
+
+def _init(args) -> int:
+    """`tripwire init`: the packaged config of the framework, copied out for the user to edit."""
+    from .config import PACKAGED, packaged_config
+
+    name = next(name for name, frameworks in PACKAGED.items() if args.framework in frameworks)
+    path = args.output or name
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):  # a folder, there or to make
+        path = os.path.join(path, name)
+    if os.path.exists(path) and not args.force:
+        print(f"tripwire init: {path} is there already; it was left as it is. Pass --force to replace it with the "
+              f"packaged {name}, or -o to write elsewhere.", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(packaged_config(name))
+    except OSError as exc:
+        print(f"tripwire init: could not write {path}: {exc.strerror or exc}.", file=sys.stderr)
+        return 2
+    print(f"wrote {path}, tripwire's {name} for {args.framework}: edit it, then pass it to the callback, "
+          f"TripwireCallback({path!r}, ...). `tripwire rules` lists every rule.")
     return 0
 
 
