@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-# The name tripwire is published and installed under (`import tripwire` is unchanged): "tripwire" on PyPI is
-# another product.
+# The name tripwire is installed under (`import tripwire` is unchanged): "Tripwire" names an existing security
+# product.
 DISTRIBUTION = "tripwire-training"
 
 
