@@ -1,5 +1,6 @@
 """Installing tripwire as README says: the wheel this repository builds (`make dist`) holds the packaged configs and
-runs from a plain install, and every `pip install` in the docs names this distribution and extras it has."""
+runs from a plain install, every `pip install` in the docs names this distribution and extras it has, and
+`tripwire init` writes a packaged config into the user's repo."""
 
 import re
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tripwire
 from tripwire.core.cli import EXTRAS
 from tripwire.core.config import PACKAGED
 from tripwire.core.errors import DISTRIBUTION, install
@@ -82,7 +84,7 @@ def test_every_pip_install_in_the_docs_names_this_distribution_and_extras_it_has
     for doc, line in lines:
         command = line.split("#", 1)[0]
         assert not re.search(r"\btripwire(\[|\s|'|$)", command), f"{doc}: {line}: not a distribution of ours"
-        for target, wanted in re.findall(r"([\w./*-]+)\[([\w,-]+)\]", command):
+        for target, wanted in re.findall(r"([\w./*-]+)\[([\w,-]+)\]", line):  # comments name extras too
             if target.startswith(("jax", "dask")):  # other packages' own extras
                 continue
             assert target in (DISTRIBUTION, ".") or target.endswith(".whl"), f"{doc}: {line}"
@@ -96,3 +98,40 @@ def test_the_hints_about_missing_packages_name_extras_that_exist():
     (everything,) = PYPROJECT["project"]["optional-dependencies"]["all"]
     assert everything.startswith(f"{DISTRIBUTION}[")
     assert set(everything.split("[")[1].rstrip("]").split(",")) <= extras
+
+
+@pytest.mark.parametrize("framework, name", [("lightning", "rules.yaml"), ("torch", "rules.yaml"),
+                                             ("xgboost", "xgboost.yaml")])
+def test_init_writes_the_framework_s_config_into_a_folder_and_replaces_it_only_with_force(tmp_path, framework,
+                                                                                         name, capsys):
+    from tripwire.core.cli import main
+
+    folder = tmp_path / "configs"
+    assert main(["init", "--framework", framework, "-o", f"{folder}/"]) == 0
+    written = folder / name
+    assert written.read_text() == (ROOT / "tripwire" / name).read_text()  # comments and all
+    assert tripwire.load_config(written).rules
+    written.write_text("mine")
+    assert main(["init", "--framework", framework, "-o", str(written)]) == 2
+    assert written.read_text() == "mine" and "--force" in capsys.readouterr().err
+    assert main(["init", "--framework", framework, "-o", str(written), "--force"]) == 0
+    assert written.read_text() == (ROOT / "tripwire" / name).read_text()
+
+
+def test_init_help_names_the_frameworks_and_the_files():
+    out = subprocess.run([sys.executable, "-m", "tripwire", "init", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0
+    assert "lightning,keras,xgboost,transformers,torch" in out.stdout and "xgboost.yaml" in out.stdout
+
+
+def test_a_missing_config_named_like_a_packaged_one_says_tripwire_init(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(tripwire.ConfigError, match=r"tripwire init --framework xgboost -o conf/xgboost.yaml"):
+        tripwire.load_config("conf/xgboost.yaml")
+    with pytest.raises(tripwire.ConfigError) as other:
+        tripwire.load_config("nope.yaml")
+    assert "tripwire init" not in str(other.value)
+    assert tripwire.load_config("xgboost.yaml").source == "xgboost.yaml (packaged)"  # none here: the packaged one
+    (tmp_path / "xgboost.yaml").write_text("version: 1\nrules: [tree_depth]\n")
+    assert [spec.rule for spec in tripwire.load_config("xgboost.yaml").rules] == ["tree_depth"]  # the user's own
