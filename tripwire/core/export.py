@@ -124,8 +124,8 @@ def _histogram(pb: Protos, array: np.ndarray):
         return None
     counts, edges = np.histogram(values, bins=HISTOGRAM_BINS)
     return pb.summary.HistogramProto(min=float(values.min()), max=float(values.max()), num=float(values.size),
-                                      sum=float(values.sum()), sum_squares=float(np.dot(values, values)),
-                                      bucket_limit=edges[1:].tolist(), bucket=counts.astype(np.float64).tolist())
+                                     sum=float(values.sum()), sum_squares=float(np.dot(values, values)),
+                                     bucket_limit=edges[1:].tolist(), bucket=counts.astype(np.float64).tolist())
 
 
 def verdict_value(pb: Protos, verdict):
