@@ -76,8 +76,9 @@ def test_rules_says_which_rules_the_default_config_turns_on():
 
 
 def test_a_missing_optional_package_names_the_extra(runs, tmp_path):
-    code = ("import sys; sys.modules['tensorboard'] = None; from tripwire.core.cli import main; "
+    code = ("import sys; sys.modules['tensorboard'] = sys.modules['tensorboardX'] = None; "
+            "from tripwire.core.cli import main; "
             f"sys.exit(main(['export', 'tensorboard', {str(runs / 'a')!r}, {str(tmp_path / 'tb')!r}]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "pip install 'tripwire[tensorboard]'" in out.stderr
+    assert out.returncode == 2 and "pip install 'tripwire-training[tensorboard]'" in out.stderr
     assert "bug in tripwire" not in out.stderr

@@ -8,6 +8,7 @@ import pytest
 
 import helpers
 import tripwire
+from tripwire.core.export import export_tensorboard
 from tripwire.core.recorder import Recorder
 
 pytest.importorskip("tensorboard")
@@ -39,11 +40,12 @@ def assert_scalars_match(acc, run, mode):
     assert set(acc.Tags()["scalars"]) == expected
 
 
-def test_export_reads_back_with_event_accumulator(tmp_path):
+def faulty_run(folder):
+    """A run of 10 steps (NaN loss at step 7, stopped there), with full weights and an eval metric."""
     config = {"collections": {"weights": {"save": "tensors"}, "losses": {}, "metrics": {}},
               "sampling": {"every": 1}, "writer": {"flush_every_s": 0.05},
               "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}
-    rec = Recorder(config, run_url=str(tmp_path / "run"), framework="test")
+    rec = Recorder(config, run_url=str(folder), framework="test")
     rec.start()
     rng = np.random.default_rng(0)
     for step in range(10):
@@ -56,12 +58,17 @@ def test_export_reads_back_with_event_accumulator(tmp_path):
         if rec.record(step, "train", values, {"weights/w": w}).stop:
             break
     rec.finish("stopped")
-    run = tripwire.open_run(tmp_path / "run")
+    return tripwire.open_run(folder)
 
-    out = subprocess.run([sys.executable, "-m", "tripwire", "export", "tensorboard", str(tmp_path / "run"),
-                          str(tmp_path / "tb")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "wrote 26 scalars, 8 histograms and 1 verdicts" in out.stdout  # 8 train steps x 3, 2 eval steps
+
+# Where `tensorboard` is installed it writes; tensorboardX (what the `tensorboard` extra installs) writes otherwise.
+# Each is asked for by name here, and TensorBoard's own reader reads both.
+@pytest.mark.parametrize("backend", ["tensorboard", "tensorboardX"])
+def test_export_reads_back_with_event_accumulator(tmp_path, backend):
+    pytest.importorskip(backend)
+    run = faulty_run(tmp_path / "run")
+    counts = export_tensorboard(run, str(tmp_path / "tb"), backend=backend)
+    assert counts == {"scalars": 26, "histograms": 8, "verdicts": 1}  # 8 train steps x 3, 2 eval steps
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["eval", "train"]
 
     train, evaluation = accumulator(tmp_path / "tb" / "train"), accumulator(tmp_path / "tb" / "eval")
@@ -78,6 +85,20 @@ def test_export_reads_back_with_event_accumulator(tmp_path):
     (text,) = train.Tensors("verdicts/exploding_tensor")
     assert text.step == 7 and b"**exploding_tensor** error at step 7" in text.tensor_proto.string_val[0]
     assert b"hint" in text.tensor_proto.string_val[0]
+
+
+def test_export_command_without_tensorboard_writes_with_tensorboardx(tmp_path):
+    """`tripwire export tensorboard` in a process where the `tensorboard` package cannot be imported (as after
+    `pip install 'tripwire-training[tensorboard]'`, which installs tensorboardX alone) writes what TensorBoard reads."""
+    pytest.importorskip("tensorboardX")
+    run = faulty_run(tmp_path / "run")
+    code = ("import sys; sys.modules['tensorboard'] = None; from tripwire.core.cli import main; "
+            f"sys.exit(main(['export', 'tensorboard', {str(tmp_path / 'run')!r}, {str(tmp_path / 'tb')!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "wrote 26 scalars, 8 histograms and 1 verdicts" in out.stdout
+    assert_scalars_match(accumulator(tmp_path / "tb" / "train"), run, "train")
+    assert_scalars_match(accumulator(tmp_path / "tb" / "eval"), run, "eval")
 
 
 def test_tensorboard_config_writes_live_during_lightning_training(tmp_path):

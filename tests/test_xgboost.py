@@ -11,6 +11,8 @@ import xgboost as xgb
 from sklearn.datasets import load_digits, make_classification
 
 import tripwire
+from benchmarks.zoo import cases as zoo_cases
+from benchmarks.zoo.harness import CONFIGS, run_case
 from tripwire.plugins.xgboost import TripwireCallback
 
 # One config for every run below: the faulty runs fire their rule under it, the sane run fires nothing. overfit
@@ -220,18 +222,32 @@ def test_raise_action_raises_rule_fired_and_closes_the_run(tmp_path):
     assert tripwire.open_run(tmp_path / "raise").info["status"] == "stopped"
 
 
-def test_the_config_in_the_docs_runs_as_documented(tmp_path):
-    text = (Path(__file__).parents[1] / "docs" / "xgboost.md").read_text()
-    config = tripwire.load_config(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+def test_the_packaged_xgboost_yaml_runs_as_documented(tmp_path, monkeypatch):
+    """`TripwireCallback("xgboost.yaml")` as docs/xgboost.md and README show it, with no such file in the working
+    directory: the packaged config, whose every rule finds its data on a classifier given eval_data."""
+    monkeypatch.chdir(tmp_path)
     x, y = separable(3000)
     xt, yt, xv, yv = x[:2000], y[:2000], x[2000:], y[2000:]
-    cb = TripwireCallback(config, out_dir=tmp_path / "docs", eval_data=(xv, yv))
+    cb = TripwireCallback("xgboost.yaml", out_dir=tmp_path / "docs", eval_data=(xv, yv))
+    assert cb.config.source == "xgboost.yaml (packaged)"
     dtrain, dval = xgb.DMatrix(xt, label=yt), xgb.DMatrix(xv, label=yv)
     xgb.train({"nthread": 1, "max_depth": 3, "objective": "binary:logistic"}, dtrain, 12,
               evals=[(dtrain, "train"), (dval, "validation")], callbacks=[cb], verbose_eval=False)
     run = tripwire.open_run(cb.run_url)
     assert not [v for v in run.verdicts() if not v.fired]  # every rule found its data
-    assert {"metrics/validation/logloss", "trees/depth", "labels"} <= set(run.tensor_names())
+    assert {"metrics/validation/logloss", "metrics/val_loss", "trees/depth", "labels"} <= set(run.tensor_names())
+
+
+@pytest.mark.parametrize("case", zoo_cases("xgboost"), ids=lambda case: case.name)
+def test_the_packaged_xgboost_yaml_is_silent_on_healthy_boosters_and_catches_faults(case, tmp_path, monkeypatch):
+    """The packaged xgboost.yaml on every XGBoost case of the zoo: no verdict at warning or error on a healthy
+    booster (overfit included, where more rounds merely stop helping), none stopped; each fault caught by a rule
+    that names it."""
+    monkeypatch.chdir(tmp_path)  # no xgboost.yaml of the user's here: the packaged one
+    monkeypatch.setitem(CONFIGS, "xgboost.yaml", lambda framework: "xgboost.yaml")
+    result = run_case(case, "xgboost.yaml", root=str(tmp_path))
+    assert not result.failures, "\n".join(result.failures)
+    assert case.healthy or result.right_rule, f"{case.fault}: fired {result.rules or 'nothing'}, not {case.catch}"
 
 
 @pytest.mark.parametrize("labels, scores, expected", [

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .errors import TripwireError
+from .errors import TripwireError, install
 
 
 def main(argv=None) -> int:
@@ -37,8 +37,8 @@ def main(argv=None) -> int:
         package = (exc.name or "").split(".")[0]
         if package not in EXTRAS:
             return _unexpected(args, exc)
-        print(f"tripwire {args.verb}: this needs {package}, which is not installed: pip install "
-              f"'tripwire[{EXTRAS[package]}]' (or pip install {package}).", file=sys.stderr)
+        print(f"tripwire {args.verb}: this needs {package}, which is not installed: {install(EXTRAS[package])} "
+              f"(or pip install {package}).", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - exit 1 means "a rule fired"; a crash must not read as that
         return _unexpected(args, exc)
@@ -57,8 +57,9 @@ def _unexpected(args, exc: Exception) -> int:
 
 
 DEBUG_ENV = "TRIPWIRE_DEBUG"
-EXTRAS = {"tensorboard": "tensorboard", "matplotlib": "report", "s3fs": "s3", "lightning": "lightning",
-          "sklearn": "demo", "yaml": "lightning"}  # an optional package a verb imports, and the extra that has it
+# An optional package a verb imports, and the extra that has it.
+EXTRAS = {"tensorboard": "tensorboard", "tensorboardX": "tensorboard", "matplotlib": "report", "s3fs": "s3",
+          "lightning": "lightning", "sklearn": "demo", "yaml": "lightning"}
 EXIT_CODES = ("exit codes: 0 nothing fired (compare: equivalent), 1 a verdict at warning or error (compare: the "
               "runs differ), 2 an error (a damaged run, a bad config, a rule that failed, a missing path).")
 TRUST_HELP = ("import the custom rules the run's stored config names (without it they are left out: code a run "
@@ -140,6 +141,20 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rules", help="every built-in rule, or one in full")
     r.add_argument("name", nargs="?", help="a rule's name: print it in full")
     r.set_defaults(func=_rules)
+
+    frameworks = ("lightning", "keras", "xgboost", "transformers", "torch")
+    i = sub.add_parser("init", help="write a starting rule config, commented, into your repo",
+                       description="Write the rule config tripwire ships for a framework into your repo, comments "
+                                   "and all, to edit: rules.yaml (Lightning, Keras, Transformers, plain PyTorch) or "
+                                   "xgboost.yaml (XGBoost). Pass it to the callback: TripwireCallback(\"rules.yaml\").",
+                       epilog="exit codes: 0 written, 2 the file is there already (see --force) or cannot be written.")
+    i.add_argument("--framework", choices=frameworks, default="lightning",
+                   help="the framework you train with (default lightning: rules.yaml)")
+    i.add_argument("-o", "--output", metavar="PATH",
+                   help="the file to write, or a folder to write it into (default: rules.yaml, for xgboost "
+                        "xgboost.yaml, in the working directory)")
+    i.add_argument("--force", action="store_true", help="overwrite the file if it is there")
+    i.set_defaults(func=_init)
 
     d = sub.add_parser("demo", help="train a small model healthy and with faults; show detection and early stop")
     d.add_argument("--out", default="runs/demo", help="where the demo runs are stored (default runs/demo)")
@@ -353,11 +368,35 @@ def _rules(args) -> int:
     return 0
 
 
+def _init(args) -> int:
+    """`tripwire init`: the packaged config of the framework, copied out for the user to edit."""
+    from .config import PACKAGED, packaged_config
+
+    name = next(name for name, frameworks in PACKAGED.items() if args.framework in frameworks)
+    path = args.output or name
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):  # a folder, there or to make
+        path = os.path.join(path, name)
+    if os.path.exists(path) and not args.force:
+        print(f"tripwire init: {path} is there already; it was left as it is. Pass --force to replace it with the "
+              f"packaged {name}, or -o to write elsewhere.", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(packaged_config(name))
+    except OSError as exc:
+        print(f"tripwire init: could not write {path}: {exc.strerror or exc}.", file=sys.stderr)
+        return 2
+    print(f"wrote {path}, tripwire's {name} for {args.framework}: edit it, then pass it to the callback, "
+          f"TripwireCallback({path!r}, ...). `tripwire rules` lists every rule.")
+    return 0
+
+
 def _demo(args) -> int:
     try:
         from ..demo import run_demo
     except ImportError as exc:
         print(f"tripwire demo needs Lightning and scikit-learn ({exc}). Install them with "
-              "`pip install 'tripwire[lightning,demo]'` or run `make demo`.", file=sys.stderr)
+              f"`{install('lightning,demo')}` or run `make demo`.", file=sys.stderr)
         return 2
     return run_demo(args.out)

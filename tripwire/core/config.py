@@ -3,7 +3,9 @@
 Every key is checked. A mistake raises `ConfigError` naming the file, the
 line, the key, what is allowed, and the closest allowed name. The packaged
 default is `rules.yaml` at the root of the repository, shipped inside the
-package as `tripwire/rules.yaml`.
+package as `tripwire/rules.yaml`; `tripwire/xgboost.yaml` is the one for
+boosted trees. A bare name of a packaged config ("xgboost.yaml") that is not
+a file in the working directory reads the packaged one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from .sampling import SCHEDULE_KEYS, CapturePlan
 from .verdict import SEVERITIES
 
 ACTIONS = ("stop", "checkpoint", "log", "report", "raise", "call")
+
+# The configs shipped inside the package, and the frameworks each is the starting point for (`tripwire init`).
+PACKAGED = {"rules.yaml": ("lightning", "keras", "transformers", "torch"), "xgboost.yaml": ("xgboost",)}
+
+
+def packaged_config(name: str) -> str:
+    """The text of a config shipped inside the package (a key of PACKAGED), comments and all."""
+    return resources.files("tripwire").joinpath(name).read_text(encoding="utf-8")
 
 
 # Actions that end training act on verdicts of at least this severity, unless the config names another
@@ -140,8 +150,7 @@ def load_config(config: Any = None, *, imports: bool = True) -> Config:
     if isinstance(config, Config):
         return config
     if config is None:
-        text = resources.files("tripwire").joinpath("rules.yaml").read_text()
-        return _from_text(text, "rules.yaml (packaged default)")
+        return _from_text(packaged_config("rules.yaml"), "rules.yaml (packaged default)")
     if isinstance(config, Mapping):
         return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}, imports))
     if isinstance(config, (str, os.PathLike)):
@@ -149,9 +158,14 @@ def load_config(config: Any = None, *, imports: bool = True) -> Config:
         if isinstance(config, str) and "\n" in config:
             return _from_text(config, "<string>", imports)
         if not os.path.exists(path):
+            name = os.path.basename(path)
+            if path == name and name in PACKAGED:  # "xgboost.yaml": the packaged one, unless the user has their own
+                return _from_text(packaged_config(name), f"{name} (packaged)", imports)
+            start = (f" `tripwire init{' --framework xgboost' if name == 'xgboost.yaml' else ''} -o {path}` writes the "
+                     f"packaged {name} there, commented, to start from." if name in PACKAGED else "")
             raise ConfigError(
                 f"no config file at '{path}' (working directory {os.getcwd()}). Pass a path to a YAML file, a dict, "
-                "or None for the packaged default (`tripwire rules` lists the rules).", source=path)
+                f"or None for the packaged default (`tripwire rules` lists the rules).{start}", source=path)
         size = os.path.getsize(path)
         from .yamlsource import MAX_BYTES
 

@@ -5,6 +5,16 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
+# The name tripwire is installed under (`import tripwire` is unchanged): "Tripwire" names an existing security
+# product.
+DISTRIBUTION = "tripwire-training"
+
+
+def install(extras: str) -> str:
+    """The pip command that installs tripwire with the given extras ("lightning,demo"): every hint about a missing
+    package names it, so the name is written once."""
+    return f"pip install '{DISTRIBUTION}[{extras}]'"
+
 
 class TripwireError(Exception):
     """Base class of every error tripwire raises on purpose."""

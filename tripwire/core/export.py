@@ -4,8 +4,9 @@ Every series becomes a scalar (tag `name/reduction`, or the name for scalars
 such as losses), every saved full tensor a histogram, every verdict a text
 entry; the step is the run's global step. Each mode and worker gets its own
 sub-logdir (`train`, `eval`, `train-worker1`), which TensorBoard shows as
-separate runs. The files are written with the `tensorboard` package's record
-writer and summary protos, so neither TensorFlow nor torch is needed.
+separate runs. The files are written with the summary protos of `tensorboardX`
+(small) or of `tensorboard` where it is installed (core.eventproto), so neither
+TensorFlow nor torch is needed.
 
 TensorBoard discards a file's events after a step that goes backwards, so
 events are written in step order: the export sorts them, and the live sink
@@ -25,6 +26,8 @@ import time
 
 import numpy as np
 
+from .errors import install
+from .eventproto import Protos, protos
 from .naming import MODE_RE, VALUE
 from .progress import Progress
 from .store import output_url
@@ -46,8 +49,9 @@ def cli(args, storage_options: dict) -> int:
     return 0
 
 
-def export_tensorboard(run, logdir: str, storage_options: dict | None = None) -> dict:
-    """Write the run as event files under `logdir` (a path or fsspec URL); returns how many values of each kind."""
+def export_tensorboard(run, logdir: str, storage_options: dict | None = None, backend: str | None = None) -> dict:
+    """Write the run as event files under `logdir` (a path or fsspec URL); returns how many values of each kind.
+    backend: "tensorboard" or "tensorboardX", whose protos write the files; None takes the one installed."""
     counts = {"scalars": 0, "histograms": 0, "verdicts": 0}
     verdicts = collections.defaultdict(list)
     for verdict in sorted(run.verdicts(), key=lambda v: v.step):
@@ -58,21 +62,21 @@ def export_tensorboard(run, logdir: str, storage_options: dict | None = None) ->
     groups.update({key: {} for key in verdicts if key not in groups})  # verdicts of a mode without data
     with Progress(sum(len(rows) for rows in groups.values()), "export") as bar:
         for (mode, worker), rows in groups.items():
-            events = EventFile(f"{logdir.rstrip('/')}/{subdir(mode, worker)}", storage_options)
+            events = EventFile(f"{logdir.rstrip('/')}/{subdir(mode, worker)}", storage_options, backend)
             pending = list(verdicts.get((mode, worker), ()))
             for step in sorted(rows):
                 values, names = rows[step]
                 tensors = {n: run.tensor(n).value(step, mode=mode, worker=worker) for n in names}
-                event = step_event(step, wall, values, tensors)
+                event = step_event(events.pb, step, wall, values, tensors)
                 while pending and pending[0].step <= step:
-                    event.summary.value.append(verdict_value(pending.pop(0)))
+                    event.summary.value.append(verdict_value(events.pb, pending.pop(0)))
                     counts["verdicts"] += 1
                 events.write(event)
                 counts["scalars"] += sum(len(r) for r in values.values())
                 counts["histograms"] += len(tensors)
                 bar.update()
             for verdict in pending:  # after the last sample (e.g. no_data at the end)
-                events.write(text_event(verdict, max(verdict.step, max(rows, default=0)), wall))
+                events.write(text_event(events.pb, verdict, max(verdict.step, max(rows, default=0)), wall))
                 counts["verdicts"] += 1
             events.close()
     return counts
@@ -100,75 +104,66 @@ def subdir(mode: str, worker: int) -> str:
 
 
 # -- events -------------------------------------------------------------------------------------------------------
-def step_event(step: int, wall: float, values: dict, tensors: dict):
+def step_event(pb: Protos, step: int, wall: float, values: dict, tensors: dict):
     """One Event holding a step's scalars ({name: {reduction: value}}) and histograms ({name: array})."""
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-
-    summary = summary_pb2.Summary()
+    summary = pb.summary.Summary()
     for name, reductions in values.items():
         for reduction, value in reductions.items():
             summary.value.add(tag=name if reduction == VALUE else f"{name}/{reduction}", simple_value=float(value))
     for name, array in tensors.items():
-        histogram = _histogram(np.asarray(array))
+        histogram = _histogram(pb, np.asarray(array))
         if histogram is not None:
             summary.value.add(tag=name, histo=histogram)
-    return event_pb2.Event(wall_time=wall, step=int(step), summary=summary)
+    return pb.event.Event(wall_time=wall, step=int(step), summary=summary)
 
 
-def _histogram(array: np.ndarray):
-    from tensorboard.compat.proto import summary_pb2
-
+def _histogram(pb: Protos, array: np.ndarray):
     values = array.astype(np.float64, copy=False).ravel()
     values = values[np.isfinite(values)]
     if values.size == 0:
         return None
     counts, edges = np.histogram(values, bins=HISTOGRAM_BINS)
-    return summary_pb2.HistogramProto(min=float(values.min()), max=float(values.max()), num=float(values.size),
-                                      sum=float(values.sum()), sum_squares=float(np.dot(values, values)),
-                                      bucket_limit=edges[1:].tolist(), bucket=counts.astype(np.float64).tolist())
+    return pb.summary.HistogramProto(min=float(values.min()), max=float(values.max()), num=float(values.size),
+                                     sum=float(values.sum()), sum_squares=float(np.dot(values, values)),
+                                     bucket_limit=edges[1:].tolist(), bucket=counts.astype(np.float64).tolist())
 
 
-def verdict_value(verdict):
+def verdict_value(pb: Protos, verdict):
     """A verdict as a TensorBoard text value (markdown), tag `verdicts/<rule>`."""
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2
-    from tensorboard.plugins.text import plugin_data_pb2
-
     label = {"fired": verdict.severity, "no_data": "had no data", "error": "failed"}.get(verdict.status,
                                                                                        verdict.status)
     text = (f"**{verdict.rule}** {label} at step {verdict.step} ({verdict.mode}, worker {verdict.worker}): "
             f"{verdict.message}" + (f"\n\n*hint:* {verdict.hint}" if verdict.hint else ""))
-    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
-        plugin_name="text", content=plugin_data_pb2.TextPluginData(version=0).SerializeToString()))
-    tensor = tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[text.encode()],
-                                    tensor_shape=tensor_shape_pb2.TensorShapeProto(
-                                        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]))
-    return summary_pb2.Summary.Value(tag=f"verdicts/{verdict.rule}", metadata=metadata, tensor=tensor)
+    metadata = pb.summary.SummaryMetadata(plugin_data=pb.summary.SummaryMetadata.PluginData(
+        plugin_name="text", content=pb.text.TextPluginData(version=0).SerializeToString()))
+    tensor = pb.tensor.TensorProto(dtype="DT_STRING", string_val=[text.encode()],
+                                   tensor_shape=pb.tensor_shape.TensorShapeProto(
+                                       dim=[pb.tensor_shape.TensorShapeProto.Dim(size=1)]))
+    return pb.summary.Summary.Value(tag=f"verdicts/{verdict.rule}", metadata=metadata, tensor=tensor)
 
 
-def text_event(verdict, step: int, wall: float):
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-
-    return event_pb2.Event(wall_time=wall, step=int(step), summary=summary_pb2.Summary(value=[verdict_value(verdict)]))
+def text_event(pb: Protos, verdict, step: int, wall: float):
+    summary = pb.summary.Summary(value=[verdict_value(pb, verdict)])
+    return pb.event.Event(wall_time=wall, step=int(step), summary=summary)
 
 
 class EventFile:
-    """One TensorBoard event file (a TFRecord of Event protos) under a logdir, written through fsspec."""
+    """One TensorBoard event file (a TFRecord of Event protos) under a logdir, written through fsspec.
+    `pb`: the protos its events are made of (backend None: those installed)."""
 
-    def __init__(self, logdir: str, storage_options: dict | None = None):
+    def __init__(self, logdir: str, storage_options: dict | None = None, backend: str | None = None):
         import fsspec
-        from tensorboard.compat.proto import event_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
+        self.pb = protos(backend)
         fs, path = fsspec.core.url_to_fs(logdir, **(storage_options or {}))
         fs.makedirs(path, exist_ok=True)
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_files)}.tripwire")
         self._file = fs.open(f"{path.rstrip('/')}/{name}", "wb")
-        self._records = RecordWriter(self._file)
-        self.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.write(self.pb.event.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write(self, event) -> None:
-        self._records.write(event.SerializeToString())
+        self._file.write(self.pb.record(event.SerializeToString()))
 
     def flush(self) -> None:
         self._file.flush()
@@ -215,7 +210,7 @@ class TensorBoardSink:
         except Exception as exc:  # noqa: BLE001 - TensorBoard output must never take training down
             self._failed = True
             self._queue.clear()
-            hint = " (pip install 'tripwire[tensorboard]')" if isinstance(exc, ImportError) else ""
+            hint = f" ({install('tensorboard')})" if isinstance(exc, ImportError) else ""
             log.warning("tripwire: live TensorBoard output to %s stopped%s: %s: %s", self.logdir, hint,
                         type(exc).__name__, exc)
         finally:
@@ -225,13 +220,15 @@ class TensorBoardSink:
     def _drain(self) -> None:
         while self._queue:
             step, mode, values, tensors = self._queue.popleft()
-            self._file(mode).write(step_event(step, time.time(), values, tensors))
+            events = self._file(mode)
+            events.write(step_event(events.pb, step, time.time(), values, tensors))
             self._last_step[mode] = max(step, self._last_step.get(mode, step))
         while self._verdicts_done < len(self._verdicts):
             verdict = self._verdicts[self._verdicts_done]
             self._verdicts_done += 1
             step = max(verdict.step, self._last_step.get(verdict.mode, verdict.step))
-            self._file(verdict.mode).write(text_event(verdict, step, time.time()))
+            events = self._file(verdict.mode)
+            events.write(text_event(events.pb, verdict, step, time.time()))
         for events in self._files.values():
             events.flush()
 

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 
+from .errors import install
 from .store import Store
 
 log = logging.getLogger("tripwire")
@@ -75,6 +76,6 @@ class BackgroundReport:
         except Exception as exc:  # noqa: BLE001 - a report must never take training down
             if what not in self._warned:
                 self._warned.add(what)
-                hint = " (pip install 'tripwire[report]')" if isinstance(exc, ImportError) else ""
+                hint = f" ({install('report')})" if isinstance(exc, ImportError) else ""
                 log.warning("tripwire: could not write the %s%s: %s: %s", what, hint, type(exc).__name__, exc)
             return False

@@ -81,8 +81,9 @@ class EventFileSink(Sink):
 
         if self._file is None:
             self._file = EventFile(self.logdir)
-        self._file.write(text_event(verdict, verdict.step, time.time()))
-        self._file.write(step_event(verdict.step, time.time(), {"tripwire/verdicts": {VALUE: float(fired)}}, {}))
+        pb = self._file.pb
+        self._file.write(text_event(pb, verdict, verdict.step, time.time()))
+        self._file.write(step_event(pb, verdict.step, time.time(), {"tripwire/verdicts": {VALUE: float(fired)}}, {}))
         self._file.flush()
 
     def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:

@@ -27,7 +27,7 @@ import tempfile
 
 from tripwire.core.actions import agree
 from tripwire.core.config import load_config
-from tripwire.core.errors import RuleFired
+from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture
 from tripwire.plugins.torch.firststep import LossSpy
@@ -49,7 +49,7 @@ def _callback_bases() -> tuple:
         if importlib.util.find_spec(module.split(".")[0]) is not None:
             bases.append(importlib.import_module(module).Callback)
     if not bases:
-        raise ImportError("tripwire.plugins.lightning needs Lightning: pip install 'tripwire[lightning]' "
+        raise ImportError(f"tripwire.plugins.lightning needs Lightning: {install('lightning')} "
                           "(or install pytorch-lightning).")
     return tuple(bases)
 
