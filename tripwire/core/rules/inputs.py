@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..config import COUNT
 from .base import Requirement, Rule
 
 STATISTICS = ("mean", "std", "min", "max")
@@ -19,6 +20,7 @@ class InputNotNormalized(Rule):
     samples: int = 3  # batches pooled before the rule decides
 
     name = "input_not_normalized"
+    limits = {"samples": COUNT}
     condition = ("over the newest `samples` sampled batches of float inputs (collection `inputs`; integer inputs "
                  "such as token ids are not captured), pooled: values outside [-1, 1] (data scaled to [0, 1] or "
                  "[-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard deviation above "
