@@ -285,7 +285,8 @@ def test_a_dict_config_reports_its_mistakes_in_the_order_written():
 @pytest.mark.parametrize("text, value", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), (".NaN", "nan")])
 @pytest.mark.parametrize("key", ["writer:\n  max_queue_mb", "evaluation:\n  watcher_timeout_s",
                                  "rules:\n  - rule: dead_relu\n    params:\n      threshold_layer",
-                                 "rules:\n  - rule: custom_rules:LossAbove\n    params:\n      threshold"])
+                                 "rules:\n  - rule: custom_rules:LossAbove\n    params:\n      threshold"],
+                         ids=["writer", "evaluation", "built-in rule", "custom rule"])
 def test_infinite_and_nan_numbers_are_refused(tmp_path, key, text, value):
     """`.inf` passed validation and raised OverflowError in the writer's constructor; NaN compares false with
     every bound."""
@@ -333,7 +334,7 @@ def test_readme_lists_the_settings_ranges():
     ("rules: [exploding_tensor]\nsampling:\n  every: 3\n\tstart: 2\n", 4, 1),
     ("rules:\n  - rule: dead_relu\n  \tparams: {patience: 2}\n", 3, 3),
     ("rules:\n\t- exploding_tensor\n", 2, 1),
-])
+], ids=["mapping", "after spaces", "within spaces", "list"])
 def test_a_tab_used_to_indent_is_named(tmp_path, text, line, column):
     with pytest.raises(ConfigError) as err:
         tripwire.load_config(write(tmp_path, text))

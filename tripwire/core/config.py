@@ -285,6 +285,14 @@ class _Checker:
                             + did_you_mean(key, allowed))
         return {k: v for k, v in value.items() if k in allowed}
 
+    def needs(self, raw: dict, given, key: str, path, message: str) -> None:
+        """`raw` (the checked mapping `given`) must hold `key`: `message` says so, unless a key reported as unknown
+        (misspelt) stands for it."""
+        if key not in raw:
+            if given and len(raw) < len(given):
+                raise _Invalid
+            self.fail(path, message)
+
     def section(self, value, path, allowed) -> dict:
         """A mapping of the config, or {} where it is not one (reported): its keys' defaults then stand."""
         with self.part():
@@ -475,10 +483,7 @@ def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
     if isinstance(value, str):
         value = {"rule": value}
     raw = c.mapping(value, path, RULE_KEYS)
-    if "rule" not in raw:
-        if value and len(raw) < len(value):
-            raise _Invalid  # `rule:` misspelt, reported as an unknown key
-        c.fail(path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
+    c.needs(raw, value, "rule", path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
     ref = c.string(raw["rule"], path + ("rule",))
     if ":" in ref and not c.imports:
         c.left_out.append(ref)
