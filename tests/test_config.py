@@ -301,6 +301,7 @@ def test_infinite_and_nan_numbers_are_refused(tmp_path, key, text, value):
 @pytest.mark.parametrize("section, key, value, valid", [
     ("writer", "max_queue_mb", 0, "greater than 0 and at most 1,048,576 (MiB)"),
     ("writer", "max_queue_mb", 2_000_000, "greater than 0 and at most 1,048,576 (MiB)"),
+    ("writer", "max_queue_mb", 10**400, "greater than 0 and at most 1,048,576 (MiB)"),  # beyond any float
     ("writer", "flush_every_s", -1, "greater than 0 and at most 3,600 (seconds)"),
     ("writer", "close_timeout_s", 1e12, "greater than 0 and at most 86,400 (seconds)"),
     ("evaluation", "poll_s", 0.0, "greater than 0 and at most 3,600 (seconds)"),

@@ -186,7 +186,7 @@ class Range:
     def __contains__(self, value) -> bool:
         above = self.low is None or value > self.low or (value == self.low and not self.low_open)
         below = self.high is None or value < self.high or (value == self.high and not self.high_open)
-        return math.isfinite(value) and above and below
+        return _finite(value) and above and below
 
     def __str__(self) -> str:
         low = None if self.low is None else f"{'greater than' if self.low_open else 'at least'} {_number(self.low)}"
@@ -196,6 +196,11 @@ class Range:
         else:
             text = " and ".join(filter(None, (low, high))) or "any finite number"
         return text + (f" ({self.what})" if self.what else "")
+
+
+def _finite(value) -> bool:
+    """Not inf or NaN (an int of any size is finite; math.isfinite would overflow converting it to a float)."""
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _number(value: float) -> str:
@@ -315,7 +320,7 @@ class _Checker:
 
     def within(self, value, path, limits: Range):
         """A number, checked to be finite and within its range."""
-        if not math.isfinite(value):
+        if not _finite(value):
             self.fail(path, f"must be a finite number; got {value} ({_YAML_WORDS[str(value)]} in YAML). "
                             f"Valid: {limits}.")
         if value not in limits:
