@@ -1,7 +1,9 @@
 """The rule config: YAML or dict in, a validated `Config` out.
 
-Every key is checked. A mistake raises `ConfigError` naming the file, the
-line, the key, what is allowed, and the closest allowed name. The packaged
+Every key is checked, and every number against its range. The whole config
+is checked before anything is reported: one `ConfigError` lists every
+mistake, each naming the file, the line, the key, what is allowed, and the
+closest allowed name. The packaged
 default is `rules.yaml` at the root of the repository, shipped inside the
 package as `tripwire/rules.yaml`.
 """
@@ -550,8 +552,8 @@ def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
         return ActionSpec(name, severity=severity)
     if isinstance(value, dict):
         raw = c.mapping(value, path, ("call", *ENDING_ACTIONS))
-        if len(raw) < len(value):
-            raise _Invalid  # its unknown keys are reported
+        c.needs(raw, value, "call", path, "an action written as a mapping is `{call: module:function}`, or "
+                                          "`{stop: SEVERITY}` or `{raise: SEVERITY}` alone.")
         target = c.string(raw.get("call"), path + ("call",))
         module_name, _, attr = target.partition(":")
         if not module_name.strip() or not attr.strip():
