@@ -215,4 +215,4 @@ def test_rules_name_shows_each_parameter_range():
     assert "  threshold_layer = 70.0; between 0 and 100 (a percentage)\n  patience = 3; at least 1\n" in out.stdout
     docs = (ROOT / "docs" / "rules.md").read_text()
     assert "| `threshold_layer` | `70.0` | between 0 and 100 (a percentage) |" in docs
-    assert "| `reference` | required | |" in docs
+    assert "| `reference` | required |  |" in docs

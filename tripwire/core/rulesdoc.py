@@ -170,7 +170,7 @@ def markdown(zoo: dict | None = None) -> str:
         rule = cls()
         required, ranges = cls.required_parameters(), cls.ranges()
         params = "\n".join(f"| `{k}` | " + ("required" if k in required else f"`{v!r}`") + f" | {ranges.get(k, '')} |"
-                           for k, v in cls.parameters().items()).replace(" |  |", " | |")
+                           for k, v in cls.parameters().items())
         sections.append("\n".join([
             f"## {name}", "", inspect.getdoc(cls) or "", "",
             f"**Condition.** {cls.condition}.".replace("..", "."), "",
