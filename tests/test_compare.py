@@ -185,6 +185,15 @@ def test_name_map_is_validated_with_file_and_line(tmp_path, text, error):
         load_name_map(str(path))
 
 
+def test_name_map_reports_every_mistake_at_once(tmp_path):
+    path = tmp_path / "map.yaml"
+    path.write_text("rename:\n  - form: x\n  - from: '(a'\n  - from: a\n    transpose: [0, 0]\n")
+    with pytest.raises(tripwire.ConfigError) as err:
+        load_name_map(str(path))
+    assert [(p.line, p.key) for p in err.value.problems] == [
+        (2, "rename[0].form"), (3, "rename[1].from"), (5, "rename[2].transpose")]
+
+
 def test_name_map_refuses_two_names_onto_one():
     name_map = load_name_map({"rename": [{"from": "w/.*", "to": "w"}]})
     assert name_map.rename("w/x")[0] == "w" and name_map.rename("v")[0] == "v"

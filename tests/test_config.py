@@ -236,3 +236,113 @@ def test_nesting_up_to_the_limit_is_read(tmp_path):
     for _ in range(MAX_DEPTH):  # the mapping, then 63 lists
         (data,) = data if isinstance(data, list) else data.values()
     assert data == 1
+
+
+def test_every_mistake_is_reported_at_once_in_line_order(tmp_path):
+    """Four mistakes in four places: one error lists them all, each with its line and key; checking goes on past
+    an unknown key (dropped), a value of the wrong type, an unknown rule and a number out of range."""
+    path = write(tmp_path, """\
+        version: 1
+        writer:
+          max_queue_mb: .inf
+        sampling:
+          evry: 10
+        rules:
+          - rule: exploding_tensors
+          - rule: exploding_gradient
+            params: {ratio_threshold: -1}
+        loggers: sometimes
+        """)
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(path)
+    error = err.value
+    assert [(p.line, p.key) for p in error.problems] == [
+        (3, "writer.max_queue_mb"), (5, "sampling.evry"), (7, "rules[0].rule"),
+        (9, "rules[1].params.ratio_threshold"), (10, "loggers")]
+    lines = str(error).splitlines()
+    assert lines[0] == f"{path}: 5 mistakes; fix them all before loading it again:"
+    assert lines[1:] == [f"  {p}" for p in error.problems]
+    assert "Did you mean 'every'?" in lines[2] and "Did you mean 'exploding_tensor'?" in lines[3]
+    assert lines[4].endswith("`ratio_threshold` must be greater than 0; found -1.")
+    assert (error.line, error.key, error.source) == (3, "writer.max_queue_mb", str(path))  # the first mistake's
+
+
+def test_one_mistake_is_one_problem(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config({"rules": ["exploding_tensor"], "writer": {"on_full": "wait"}})
+    assert err.value.problems == (err.value,) and err.value.key == "writer.on_full"
+    assert str(err.value).startswith("<dict>: writer.on_full: 'wait' is not allowed")
+
+
+def test_a_dict_config_reports_its_mistakes_in_the_order_written():
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config({"rules": [{"rule": "dead_relu", "params": {"patience": 0, "threshold_layer": -5}}],
+                              "sampling": {"every": "often"}, "workers": "some"})
+    assert [p.key for p in err.value.problems] == ["sampling.every", "rules[0].params.patience",
+                                                   "rules[0].params.threshold_layer", "workers"]
+
+
+@pytest.mark.parametrize("text, value", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), (".NaN", "nan")])
+@pytest.mark.parametrize("key", ["writer:\n  max_queue_mb", "evaluation:\n  watcher_timeout_s",
+                                 "rules:\n  - rule: dead_relu\n    params:\n      threshold_layer",
+                                 "rules:\n  - rule: custom_rules:LossAbove\n    params:\n      threshold"],
+                         ids=["writer", "evaluation", "built-in rule", "custom rule"])
+def test_infinite_and_nan_numbers_are_refused(tmp_path, key, text, value):
+    """`.inf` passed validation and raised OverflowError in the writer's constructor; NaN compares false with
+    every bound."""
+    body = ("rules: [exploding_tensor]\n" if not key.startswith("rules") else "") + f"{key}: {text}\n"
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(path)
+    assert f"must be a finite number; got {value} ({text.lower()} in YAML)" in str(err.value)
+    assert err.value.line == body.count("\n") and len(err.value.problems) == 1
+
+
+@pytest.mark.parametrize("section, key, value, valid", [
+    ("writer", "max_queue_mb", 0, "greater than 0 and at most 1,048,576 (MiB)"),
+    ("writer", "max_queue_mb", 2_000_000, "greater than 0 and at most 1,048,576 (MiB)"),
+    ("writer", "max_queue_mb", 10**400, "greater than 0 and at most 1,048,576 (MiB)"),  # beyond any float
+    ("writer", "flush_every_s", -1, "greater than 0 and at most 3,600 (seconds)"),
+    ("writer", "close_timeout_s", 1e12, "greater than 0 and at most 86,400 (seconds)"),
+    ("evaluation", "poll_s", 0.0, "greater than 0 and at most 3,600 (seconds)"),
+    ("evaluation", "watcher_timeout_s", 100_000, "greater than 0 and at most 86,400 (seconds)"),
+    ("evaluation", "rule_budget", 1.5, "greater than 0 and at most 1 (a share of training time)"),
+])
+def test_writer_and_evaluation_settings_are_range_checked(section, key, value, valid):
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config({"rules": ["exploding_tensor"], section: {key: value}})
+    assert str(err.value) == f"<dict>: {section}.{key}: `{key}` must be {valid}; found {value}."
+
+
+def test_settings_at_the_ends_of_their_ranges_load():
+    config = tripwire.load_config({"rules": ["exploding_tensor"], "evaluation": {"rule_budget": 1},
+                                   "writer": {"max_queue_mb": 1 << 20, "close_timeout_s": 86400}})
+    assert config.evaluation.rule_budget == 1.0 and config.writer.max_queue_mb == 1 << 20
+
+
+def test_readme_lists_the_settings_ranges():
+    from pathlib import Path
+
+    from tripwire.core.config import SETTING_RANGES
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for (section, key), valid in SETTING_RANGES.items():
+        assert f"| `{section}.{key}` | {valid} |" in readme
+
+
+@pytest.mark.parametrize("text, line, column", [
+    ("rules: [exploding_tensor]\nsampling:\n\tevery: 3\n", 3, 1),
+    ("rules: [exploding_tensor]\nsampling:\n  every: 3\n\tstart: 2\n", 4, 1),
+    ("rules:\n  - rule: dead_relu\n  \tparams: {patience: 2}\n", 3, 3),
+    ("rules:\n\t- exploding_tensor\n", 2, 1),
+], ids=["mapping", "after spaces", "within spaces", "list"])
+def test_a_tab_used_to_indent_is_named(tmp_path, text, line, column):
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(write(tmp_path, text))
+    assert f"a tab at line {line}, column {column}: YAML indents with spaces, not tabs" in str(err.value)
+    assert err.value.line == line and "cannot start any token" not in str(err.value)
+
+
+def test_tabs_where_yaml_allows_them_load(tmp_path):
+    config = tripwire.load_config(write(tmp_path, "rules:\t[exploding_tensor,\n\tdead_relu]\noutput:\truns/x\n"))
+    assert [r.rule for r in config.rules] == ["exploding_tensor", "dead_relu"] and config.output == "runs/x"

@@ -11,6 +11,7 @@ import pytest
 
 import tripwire
 from tripwire import ConfigError, Requirement, Rule
+from tripwire.core.config import SHARE, Range
 from tripwire.plugins.lightning import TripwireCallback
 
 ROOT = Path(__file__).parents[1]
@@ -136,3 +137,82 @@ def test_default_rules_yaml_names_every_rule_and_its_commented_rules_load():
     readme = (ROOT / "README.md").read_text()
     for name in commented:
         assert f"`{name}`" in readme.split("documents the others")[1].split("\n\n")[0], name
+
+
+@pytest.mark.parametrize("rule, param, value, valid", [
+    ("exploding_gradient", "ratio_threshold", -1, "greater than 0"),
+    ("dead_relu", "threshold_layer", 150, "between 0 and 100 (a percentage)"),
+    ("all_zero", "threshold", -0.5, "between 0 and 100 (a percentage)"),
+    ("feature_importance_overweight", "threshold", 1.5, "between 0 and 1 (a share)"),
+    ("vanishing_gradient", "patience", 0, "at least 1"),
+    ("unchanged_tensor", "num_steps", 1, "at least 2 (samples: one has nothing to compare with)"),
+    ("tensor_variance", "min_threshold", -0.001, "at least 0"),  # no declared range: at least 0, as its default
+    ("stalled_training", "threshold_s", 0, "greater than 0"),
+])
+def test_rule_parameters_out_of_range_are_refused_with_the_range(tmp_path, rule, param, value, valid):
+    path = write(tmp_path, f"rules:\n  - rule: {rule}\n    params:\n      {param}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config(path)
+    assert str(err.value) == f"{path}:4: rules[0].params.{param}: `{param}` must be {valid}; found {value}."
+
+
+def test_rule_parameters_at_the_ends_of_their_ranges_load():
+    rules = [{"rule": "dead_relu", "params": {"threshold_layer": 100, "patience": 1}},
+             {"rule": "all_zero", "params": {"threshold": 0}},
+             {"rule": "feature_importance_overweight", "params": {"threshold": 1.0, "leak_share": 0}},
+             {"rule": "class_imbalance", "params": {"binary_threshold": -2.5}}]  # logits: any number
+    assert [r.params for r in tripwire.load_config({"rules": rules}).rules] == [r["params"] for r in rules]
+
+
+def test_every_numeric_parameter_of_every_rule_has_a_range_that_holds_its_default():
+    from tripwire.core.rules.registry import builtin_rules
+
+    for name, cls in builtin_rules().items():
+        numeric = {k for k, v in cls.parameters().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert set(cls.ranges()) == numeric, name
+        for param, valid in cls.ranges().items():
+            assert cls.parameters()[param] in valid, (name, param)
+
+
+@dataclass
+class Share(Rule):
+    """A user's rule whose parameters take the default ranges, one declared range, and one inherited."""
+
+    share: float = 0.5
+    offset: float = -1.0
+    count: int = 2
+
+    name = "share"
+    limits = {"share": SHARE}
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        return None
+
+
+@dataclass
+class StrictShare(Share):
+    limits = {"count": Range(2, 10, what="samples")}
+
+
+def test_a_rule_of_ones_own_declares_ranges_and_its_subclasses_add_to_them():
+    assert {k: str(v) for k, v in StrictShare.ranges().items()} == {
+        "share": "between 0 and 1 (a share)", "offset": "any finite number", "count": "between 2 and 10 (samples)"}
+    assert str(Share.ranges()["count"]) == "at least 0"
+    ref = f"{__name__}:StrictShare"
+    with pytest.raises(ConfigError) as err:
+        tripwire.load_config({"rules": [{"rule": ref, "params": {"share": 2, "offset": -50.0, "count": 11}}]})
+    assert [p.key for p in err.value.problems] == ["rules[0].params.share", "rules[0].params.count"]
+    assert tripwire.load_config({"rules": [{"rule": ref, "params": {"offset": -50.0}}]}).rules[0].params == \
+        {"offset": -50.0}
+
+
+def test_rules_name_shows_each_parameter_range():
+    out = subprocess.run([sys.executable, "-m", "tripwire", "rules", "dead_relu"], capture_output=True, text=True,
+                         timeout=60)
+    assert "  threshold_layer = 70.0; between 0 and 100 (a percentage)\n  patience = 3; at least 1\n" in out.stdout
+    docs = (ROOT / "docs" / "rules.md").read_text()
+    assert "| `threshold_layer` | `70.0` | between 0 and 100 (a percentage) |" in docs
+    assert "| `reference` | required |  |" in docs

@@ -1,7 +1,9 @@
 """The rule config: YAML or dict in, a validated `Config` out.
 
-Every key is checked. A mistake raises `ConfigError` naming the file, the
-line, the key, what is allowed, and the closest allowed name. The packaged
+Every key is checked, and every number against its range. The whole config
+is checked before anything is reported: one `ConfigError` lists every
+mistake, each naming the file, the line, the key, what is allowed, and the
+closest allowed name. The packaged
 default is `rules.yaml` at the root of the repository, shipped inside the
 package as `tripwire/rules.yaml`; `tripwire/xgboost.yaml` is the one for
 boosted trees. A bare name of a packaged config ("xgboost.yaml") that is not
@@ -11,8 +13,10 @@ a file in the working directory reads the packaged one.
 from __future__ import annotations
 
 import copy
+import math
 import os
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from typing import Any, Mapping
 
@@ -183,32 +187,138 @@ def _from_text(text: str, source: str, imports: bool = True) -> Config:
     return _build(data, _Checker(source, lines, imports))
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a number of the config may take: from `low` to `high` (None: no bound on that side), each end
+    included unless `low_open`/`high_open` says otherwise; `what` says what the number is ("a percentage").
+    Every number of a config is finite besides."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    what: str = ""
+
+    def __contains__(self, value) -> bool:
+        above = self.low is None or value > self.low or (value == self.low and not self.low_open)
+        below = self.high is None or value < self.high or (value == self.high and not self.high_open)
+        return _finite(value) and above and below
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'greater than' if self.low_open else 'at least'} {_number(self.low)}"
+        high = None if self.high is None else f"{'below' if self.high_open else 'at most'} {_number(self.high)}"
+        if low and high and not (self.low_open or self.high_open):
+            text = f"between {_number(self.low)} and {_number(self.high)}"
+        else:
+            text = " and ".join(filter(None, (low, high))) or "any finite number"
+        return text + (f" ({self.what})" if self.what else "")
+
+
+def _finite(value) -> bool:
+    """Not inf or NaN (an int of any size is finite; math.isfinite would overflow converting it to a float)."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+ANY = Range()
+AT_LEAST_0 = Range(0)
+POSITIVE = Range(0, low_open=True)
+COUNT = Range(1)
+PERCENT = Range(0, 100, what="a percentage")
+SHARE = Range(0, 1, what="a share")
+
+# The settings of `writer:` and `evaluation:` that are numbers, and their ranges. The caps keep a value from
+# overflowing where it is used (a queue counted in bytes, a timeout passed to a wait) long before it reaches
+# what a machine holds or what anyone waits for.
+SETTING_RANGES = {
+    ("writer", "flush_every_s"): Range(0, 3600, low_open=True, what="seconds"),
+    ("writer", "max_queue_mb"): Range(0, 1 << 20, low_open=True, what="MiB"),
+    ("writer", "close_timeout_s"): Range(0, 86400, low_open=True, what="seconds"),
+    ("evaluation", "poll_s"): Range(0, 3600, low_open=True, what="seconds"),
+    ("evaluation", "watcher_timeout_s"): Range(0, 86400, low_open=True, what="seconds"),
+    ("evaluation", "rule_budget"): Range(0, 1, low_open=True, what="a share of training time"),
+}
+SETTING_CHOICES = {
+    ("writer", "on_error"): ("warn", "raise", "ignore"),
+    ("writer", "on_full"): ("drop", "block"),
+    ("evaluation", "where"): ("in_process", "side_process"),
+}
+
+
+class _Invalid(Exception):
+    """A value `_Checker.fail` reported: the part of the config it is in is left out (`_Checker.part`), and
+    checking goes on with the next."""
+
+
 class _Checker:
-    """Type and key checks that raise ConfigError at the right file, line and key."""
+    """Type, key and range checks that note each mistake at its file, line and key. `done` raises one ConfigError
+    that lists them all: a config with four mistakes takes one run to fix, not four."""
 
     def __init__(self, source: str, lines: dict, imports: bool = True):
         self.source, self.lines, self.imports = source, lines, imports
         self.left_out: list = []  # custom rules not imported (imports=False)
+        self.problems: list[ConfigError] = []
 
-    def fail(self, path: tuple, message: str):
+    def error(self, path: tuple, message: str) -> ConfigError:
         line = None
         for i in range(len(path), -1, -1):
             if path[:i] in self.lines:
                 line = self.lines[path[:i]]
                 break
         key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[") or None
-        raise ConfigError(message, source=self.source, line=line, key=key)
+        return ConfigError(message, source=self.source, line=line, key=key)
+
+    def report(self, path: tuple, message: str) -> None:
+        """Note a mistake; checking goes on."""
+        self.problems.append(self.error(path, message))
+
+    def fail(self, path: tuple, message: str):
+        """Note a mistake and leave out the part of the config being checked."""
+        self.report(path, message)
+        raise _Invalid
+
+    @contextmanager
+    def part(self):
+        """Check one part of the config (a key, a list item, a rule): a mistake in it leaves it out, and checking
+        goes on with the next part."""
+        try:
+            yield
+        except _Invalid:
+            pass
+
+    def done(self) -> None:
+        """Raise every mistake noted, in line order, as one ConfigError."""
+        if self.problems:
+            raise ConfigError.of(sorted(self.problems, key=lambda p: p.line or 0))
 
     def mapping(self, value, path, allowed) -> dict:
+        """The mapping without its unknown keys, each reported."""
         if value is None:
             return {}
         if not isinstance(value, dict):
             self.fail(path, f"expected a mapping with keys {', '.join(allowed)}; got {_show(value)}.")
         for key in value:
             if key not in allowed:
-                self.fail(path + (key,), f"unknown key '{key}'. Allowed here: {', '.join(allowed)}."
-                          + did_you_mean(key, allowed))
-        return value
+                self.report(path + (key,), f"unknown key '{key}'. Allowed here: {', '.join(allowed)}."
+                            + did_you_mean(key, allowed))
+        return {k: v for k, v in value.items() if k in allowed}
+
+    def needs(self, raw: dict, given, key: str, path, message: str) -> None:
+        """`raw` (the checked mapping `given`) must hold `key`: `message` says so, unless a key reported as unknown
+        (misspelt) stands for it."""
+        if key not in raw:
+            if given and len(raw) < len(given):
+                raise _Invalid
+            self.fail(path, message)
+
+    def section(self, value, path, allowed) -> dict:
+        """A mapping of the config, or {} where it is not one (reported): its keys' defaults then stand."""
+        with self.part():
+            return self.mapping(value, path, allowed)
+        return {}
 
     def integer(self, value, path, minimum=None, optional=False):
         if value is None and optional:
@@ -219,12 +329,19 @@ class _Checker:
             self.fail(path, f"must be at least {minimum}; got {value}.")
         return value
 
-    def number(self, value, path, positive=False):
+    def number(self, value, path, limits: Range = ANY):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(path, f"expected a number; got {_show(value)}.")
-        if positive and not value > 0:
-            self.fail(path, f"must be greater than 0; got {value}.")
-        return float(value)
+        return float(self.within(value, path, limits))
+
+    def within(self, value, path, limits: Range):
+        """A number, checked to be finite and within its range."""
+        if not _finite(value):
+            self.fail(path, f"must be a finite number; got {value} ({_YAML_WORDS[str(value)]} in YAML). "
+                            f"Valid: {limits}.")
+        if value not in limits:
+            self.fail(path, f"`{path[-1]}` must be {limits}; found {value}.")
+        return value
 
     def boolean(self, value, path):
         if not isinstance(value, bool):
@@ -243,13 +360,18 @@ class _Checker:
         return value
 
     def listing(self, value, path, item) -> list:
+        """The items that pass `item(value, path)`; each that does not is reported and left out."""
         if value is None:
             return []
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list):
             self.fail(path, f"expected a list; got {_show(value)}.")
-        return [item(v, path + (i,)) for i, v in enumerate(value)]
+        out = []
+        for i, v in enumerate(value):
+            with self.part():
+                out.append(item(v, path + (i,)))
+        return out
 
     def regex(self, value, path):
         import re
@@ -260,6 +382,9 @@ class _Checker:
         except re.error as exc:
             self.fail(path, f"'{value}' is not a valid regular expression: {exc}.")
         return value
+
+
+_YAML_WORDS = {"inf": ".inf", "-inf": "-.inf", "nan": ".nan"}
 
 
 def _show(value) -> str:
@@ -274,109 +399,112 @@ RULE_KEYS = ("rule", "name", "params", "actions")
 
 
 def _build(data: Any, c: _Checker) -> Config:
-    data = c.mapping(data, (), TOP_KEYS)
-    version = c.integer(data.get("version", 1), ("version",))
-    if version != 1:
-        c.fail(("version",), f"this tripwire reads config version 1; got {version}.")
-    output = c.string(data.get("output", "runs/{run_id}"), ("output",))
-    storage_options = c.mapping(data.get("storage_options"), ("storage_options",), list(data.get("storage_options") or {}))
-    sampling = _sampling(data.get("sampling"), ("sampling",), c, allow_modes=True)
-    collections = {}
-    raw_collections = c.mapping(data.get("collections"), ("collections",), list(COLLECTIONS))
-    for name, body in raw_collections.items():
-        collections[name] = _collection(name, body, ("collections", name), c)
-    rules = tuple(spec for i, r in enumerate(c.listing(data.get("rules"), ("rules",), lambda v, p: v))
-                  if (spec := _rule(r, ("rules", i), c)) is not None)
+    """Check the whole config, noting every mistake, then raise them all at once or build the Config. A value
+    with a mistake is left out and its default stands in while the rest is checked."""
+    data = c.section(data, (), TOP_KEYS)
+    top: dict = {}
+    with c.part():
+        top["version"] = c.integer(data.get("version", 1), ("version",))
+        if top["version"] != 1:
+            c.fail(("version",), f"this tripwire reads config version 1; got {top['version']}.")
+    with c.part():
+        top["output"] = c.string(data.get("output", "runs/{run_id}"), ("output",))
+    top["storage_options"] = dict(c.section(data.get("storage_options"), ("storage_options",),
+                                            list(data.get("storage_options") or {})))
+    top["sampling"] = _sampling(data.get("sampling"), ("sampling",), c, allow_modes=True)
+    raw_collections = c.section(data.get("collections"), ("collections",), list(COLLECTIONS))
+    top["collections"] = {name: _collection(name, body, ("collections", name), c)
+                          for name, body in raw_collections.items()}
+    rules: list = []
+    with c.part():
+        rules = [spec for spec in c.listing(data.get("rules"), ("rules",), lambda v, p: _rule(v, p, c)) if spec]
     ids = [r.id for r in rules]
     for i, rid in enumerate(ids):
         if rid in ids[:i]:
-            c.fail(("rules", i), f"rule '{rid}' is listed twice; give one of them its own `name:`.")
-    ev = c.mapping(data.get("evaluation"), ("evaluation",), ("where", "spawn", "poll_s", "watcher_timeout_s",
-                                                             "rule_budget"))
-    evaluation = EvaluationConfig(
-        where=c.choice(ev.get("where", "in_process"), ("evaluation", "where"), ("in_process", "side_process")),
-        spawn=_boolean(ev.get("spawn", False), ("evaluation", "spawn"), c),
-        poll_s=c.number(ev.get("poll_s", 0.25), ("evaluation", "poll_s"), positive=True),
-        watcher_timeout_s=c.number(ev.get("watcher_timeout_s", 60.0), ("evaluation", "watcher_timeout_s"),
-                                   positive=True),
-        rule_budget=c.number(ev.get("rule_budget", 0.1), ("evaluation", "rule_budget"), positive=True),
-    )
-    wr = c.mapping(data.get("writer"), ("writer",), ("flush_every_s", "max_queue_mb", "on_error", "on_full",
-                                                     "close_timeout_s"))
-    writer = WriterConfig(
-        flush_every_s=c.number(wr.get("flush_every_s", 1.0), ("writer", "flush_every_s"), positive=True),
-        max_queue_mb=c.number(wr.get("max_queue_mb", 256), ("writer", "max_queue_mb"), positive=True),
-        on_error=c.choice(wr.get("on_error", "warn"), ("writer", "on_error"), ("warn", "raise", "ignore")),
-        on_full=c.choice(wr.get("on_full", "drop"), ("writer", "on_full"), ("drop", "block")),
-        close_timeout_s=c.number(wr.get("close_timeout_s", 30.0), ("writer", "close_timeout_s"), positive=True),
-    )
-    workers = c.choice(data.get("workers", "zero"), ("workers",), ("zero", "all"))
-    tb = c.mapping(data.get("tensorboard"), ("tensorboard",), ("dir",))
-    if tb:
-        c.string(tb.get("dir"), ("tensorboard", "dir"))
-    loggers = c.boolean(data.get("loggers", True), ("loggers",))
-    config = Config(version=version, output=output, storage_options=dict(storage_options), sampling=sampling,
-                    collections=collections, rules=rules, evaluation=evaluation, writer=writer, workers=workers,
-                    tensorboard=dict(tb), loggers=loggers, source=c.source, left_out=tuple(c.left_out),
+            c.report(("rules", i), f"rule '{rid}' is listed twice; give one of them its own `name:`.")
+    top["rules"] = tuple(rules)
+    top["evaluation"] = _settings(EvaluationConfig, data.get("evaluation"), "evaluation", c)
+    top["writer"] = _settings(WriterConfig, data.get("writer"), "writer", c)
+    with c.part():
+        top["workers"] = c.choice(data.get("workers", "zero"), ("workers",), ("zero", "all"))
+    top["tensorboard"] = dict(c.section(data.get("tensorboard"), ("tensorboard",), ("dir",)))
+    if top["tensorboard"]:
+        with c.part():
+            c.string(top["tensorboard"].get("dir"), ("tensorboard", "dir"))
+    with c.part():
+        top["loggers"] = c.boolean(data.get("loggers", True), ("loggers",))
+    c.done()
+    config = Config(**top, source=c.source, left_out=tuple(c.left_out),
                     output_set="output" in data and not c.source.endswith("(packaged default)"))
     clock = any(spec.create().idle for spec in rules)  # judged by the clock: needs no capture
     if not plan_collections(config) and not c.left_out and not clock:
-        c.fail((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
-                   "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
+        raise c.error((), "this config captures nothing: it has no collections and no rules. Add a rule (e.g. "
+                          "`rules: [{rule: exploding_tensor}]`) or a collection (e.g. `collections: {losses: {}}`).")
     return config
 
 
-def _boolean(value, path, c):
-    if not isinstance(value, bool):
-        c.fail(path, f"expected true or false; got {_show(value)}.")
-    return value
+def _settings(cls, value, section: str, c: _Checker):
+    """`writer:` or `evaluation:` as its dataclass: each key checked as SETTING_RANGES or SETTING_CHOICES say
+    (the others are true/false); a key with a mistake keeps its default."""
+    raw = c.section(value, (section,), [f.name for f in fields(cls)])
+    out = {}
+    for key, given in raw.items():
+        path = (section, key)
+        with c.part():
+            out[key] = (c.number(given, path, SETTING_RANGES[path]) if path in SETTING_RANGES else
+                        c.choice(given, path, SETTING_CHOICES[path]) if path in SETTING_CHOICES else
+                        c.boolean(given, path))
+    return cls(**out)
 
 
 def _sampling(value, path, c: _Checker, allow_modes: bool) -> dict:
     keys = SCHEDULE_KEYS + (("modes",) if allow_modes else ())
-    raw = c.mapping(value, path, keys)
+    raw = c.section(value, path, keys)
     out: dict = {}
-    if "every" in raw:
-        out["every"] = c.integer(raw["every"], path + ("every",), minimum=0)
-    if "start" in raw:
-        out["start"] = c.integer(raw["start"], path + ("start",), minimum=0)
-    if "end" in raw:
-        out["end"] = c.integer(raw["end"], path + ("end",), minimum=0, optional=True)
+    for key in ("every", "start", "end"):
+        if key in raw:
+            with c.part():
+                out[key] = c.integer(raw[key], path + (key,), minimum=0, optional=key == "end")
     if "steps" in raw:
-        out["steps"] = sorted(set(c.listing(raw["steps"], path + ("steps",), lambda v, p: c.integer(v, p, minimum=0))))
+        with c.part():
+            out["steps"] = sorted(set(c.listing(raw["steps"], path + ("steps",),
+                                                lambda v, p: c.integer(v, p, minimum=0))))
     if "start" in out and out.get("end") is not None and out["end"] <= out["start"]:
-        c.fail(path + ("end",), f"end ({out['end']}) must be after start ({out['start']}); end is exclusive.")
+        c.report(path + ("end",), f"end ({out['end']}) must be after start ({out['start']}); end is exclusive.")
     if allow_modes and "modes" in raw:
-        modes = c.mapping(raw["modes"], path + ("modes",), MODES)
+        modes = c.section(raw["modes"], path + ("modes",), MODES)
         out["modes"] = {m: _sampling(v, path + ("modes", m), c, allow_modes=False) for m, v in modes.items()}
     return out
 
 
 def _collection(name: str, body: Any, path: tuple, c: _Checker) -> dict:
-    raw = c.mapping(body, path, COLLECTION_KEYS)
+    raw = c.section(body, path, COLLECTION_KEYS)
     out = _sampling({k: raw[k] for k in raw if k in SCHEDULE_KEYS + ("modes",)}, path, c, allow_modes=True)
     for key in ("include", "exclude"):
         if key in raw:
-            out[key] = c.listing(raw[key], path + (key,), c.regex)
+            with c.part():
+                out[key] = c.listing(raw[key], path + (key,), c.regex)
     if "reductions" in raw:
-        if name in SCALAR_COLLECTIONS:
-            c.fail(path + ("reductions",), f"'{name}' holds scalars, stored as '{VALUE}'; reductions do not apply. "
-                                           "Remove this key.")
-        out["reductions"] = c.listing(raw["reductions"], path + ("reductions",),
-                                      lambda v, p: c.choice(v, p, tuple(REDUCTIONS)))
+        with c.part():
+            if name in SCALAR_COLLECTIONS:
+                c.fail(path + ("reductions",), f"'{name}' holds scalars, stored as '{VALUE}'; reductions do not "
+                                               "apply. Remove this key.")
+            out["reductions"] = c.listing(raw["reductions"], path + ("reductions",),
+                                          lambda v, p: c.choice(v, p, tuple(REDUCTIONS)))
     if "save" in raw:
-        out["save"] = c.choice(raw["save"], path + ("save",), ("reductions", "tensors"))
+        with c.part():
+            out["save"] = c.choice(raw["save"], path + ("save",), ("reductions", "tensors"))
     return out
 
 
 def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
+    """One entry of `rules:`; its parameters are checked against the rule's defaults (their kind) and ranges."""
     from .rules.registry import RuleLoadError, rule_class, rule_names
 
     if isinstance(value, str):
         value = {"rule": value}
     raw = c.mapping(value, path, RULE_KEYS)
-    if "rule" not in raw:
-        c.fail(path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
+    c.needs(raw, value, "rule", path, "each entry of `rules:` needs `rule:` (a built-in name or module:Class).")
     ref = c.string(raw["rule"], path + ("rule",))
     if ":" in ref and not c.imports:
         c.left_out.append(ref)
@@ -385,25 +513,34 @@ def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
         cls = rule_class(ref)
     except RuleLoadError as exc:
         c.fail(path + ("rule",), str(exc) + ("" if ":" in ref else did_you_mean(ref, rule_names())))
-    rule_id = c.string(raw.get("name", ref), path + ("name",))
-    params = c.mapping(raw.get("params"), path + ("params",), list(cls.parameters()))
-    defaults = cls.parameters()
-    for key in cls.required_parameters():
-        if params.get(key) in (None, ""):
-            c.fail(path + ("params", key), f"rule {ref} needs `{key}` in its params: it has no default"
-                   + (f" (e.g. `params: {{{key}: ...}}`; `tripwire rules {ref}` describes it)." if ":" not in ref
-                      else "."))
-    for key, given in params.items():
-        default = defaults[key]
-        if default is not None and not _same_kind(given, default):
-            c.fail(path + ("params", key), f"expected {_kind(default)} like the default {default!r}; got {_show(given)}.")
-    try:
-        cls(**params)
-    except (TypeError, ValueError) as exc:
-        c.fail(path + ("params",), f"rule {ref} does not accept these params: {exc}")
-    actions = tuple(_action(a, path + ("actions", i), c)
-                    for i, a in enumerate(c.listing(raw.get("actions", ["log"]), path + ("actions",), lambda v, p: v)))
-    return RuleSpec(rule=ref, id=rule_id, params=dict(params), actions=actions, line=c.lines.get(path))
+    rule_id = ref
+    with c.part():
+        rule_id = c.string(raw.get("name", ref), path + ("name",))
+    defaults, ranges = cls.parameters(), cls.ranges()
+    given_params, params = c.section(raw.get("params"), path + ("params",), list(defaults)), {}
+    for key, given in given_params.items():
+        with c.part():
+            default = defaults[key]
+            if default is not None and not _same_kind(given, default):
+                c.fail(path + ("params", key), f"expected {_kind(default)} like the default {default!r}; "
+                                               f"got {_show(given)}.")
+            if isinstance(given, (int, float)) and not isinstance(given, bool):
+                c.within(given, path + ("params", key), ranges.get(key, ANY))
+            params[key] = given
+    missing = [key for key in cls.required_parameters() if given_params.get(key) in (None, "")]
+    for key in missing:
+        c.report(path + ("params", key), f"rule {ref} needs `{key}` in its params: it has no default"
+                 + (f" (e.g. `params: {{{key}: ...}}`; `tripwire rules {ref}` describes it)." if ":" not in ref
+                    else "."))
+    if not missing and len(params) == len(given_params):
+        try:
+            cls(**params)
+        except (TypeError, ValueError) as exc:
+            c.report(path + ("params",), f"rule {ref} does not accept these params: {exc}")
+    actions = ()
+    with c.part():
+        actions = tuple(c.listing(raw.get("actions", ["log"]), path + ("actions",), lambda v, p: _action(v, p, c)))
+    return RuleSpec(rule=ref, id=rule_id, params=params, actions=actions, line=c.lines.get(path))
 
 
 def _same_kind(given, default) -> bool:
@@ -429,6 +566,8 @@ def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
         return ActionSpec(name, severity=severity)
     if isinstance(value, dict):
         raw = c.mapping(value, path, ("call", *ENDING_ACTIONS))
+        c.needs(raw, value, "call", path, "an action written as a mapping is `{call: module:function}`, or "
+                                          "`{stop: SEVERITY}` or `{raise: SEVERITY}` alone.")
         target = c.string(raw.get("call"), path + ("call",))
         module_name, _, attr = target.partition(":")
         if not module_name.strip() or not attr.strip():

@@ -21,15 +21,30 @@ class TripwireError(Exception):
 
 
 class ConfigError(TripwireError, ValueError):
-    """A config that cannot be used. Carries the file, line and key when they are known."""
+    """A config that cannot be used. Carries the file, line and key when they are known.
+
+    A config is checked whole: `problems` holds every mistake found, each a ConfigError of its own, in line order,
+    so one run shows them all. `source`, `line` and `key` are those of the first."""
 
     def __init__(self, message: str, *, source: str | None = None, line: int | None = None, key: str | None = None):
         self.source, self.line, self.key = source, line, key
+        self.problems: tuple = (self,)
         where = source or "<config>"
         if line is not None:
             where += f":{line}"
         prefix = f"{where}: " + (f"{key}: " if key else "")
         super().__init__(prefix + message)
+
+    @classmethod
+    def of(cls, problems: list) -> ConfigError:
+        """One error for every mistake of a config (ConfigErrors, in the order to show them)."""
+        if len(problems) == 1:
+            return problems[0]
+        first = problems[0]
+        error = cls(f"{len(problems)} mistakes; fix them all before loading it again:\n"
+                    + "\n".join(f"  {p}" for p in problems), source=first.source)
+        error.line, error.key, error.problems = first.line, first.key, tuple(problems)
+        return error
 
 
 class RunNotFound(TripwireError, FileNotFoundError):

@@ -87,20 +87,23 @@ def load_name_map(spec=None) -> NameMap:
 
 
 def _build_map(data, c) -> NameMap:
-    data = c.mapping(data, (), MAP_KEYS)
-    renames = []
-    for i, raw in enumerate(c.listing(data.get("rename"), ("rename",), lambda v, p: v)):
-        path = ("rename", i)
-        raw = c.mapping(raw, path, RENAME_KEYS)
-        if "from" not in raw:
-            c.fail(path, "each rename needs `from:`, a regex matched against run B's whole tensor name.")
-        pattern = re.compile(c.regex(raw["from"], path + ("from",)))
-        to = raw.get("to")
-        if to is not None:
-            _check_template(c.string(to, path + ("to",)), pattern, path + ("to",), c)
-        renames.append(Rename(pattern, to, _axes(raw.get("transpose", False), path + ("transpose",), c),
-                              c.lines.get(path)))
+    """Check the whole map, then raise every mistake at once (as a config) or build it."""
+    data = c.section(data, (), MAP_KEYS)
+    renames: list = []
+    with c.part():
+        renames = c.listing(data.get("rename"), ("rename",), lambda raw, path: _rename(raw, path, c))
+    c.done()
     return NameMap(tuple(renames), c.source)
+
+
+def _rename(raw, path, c) -> Rename:
+    given, raw = raw, c.mapping(raw, path, RENAME_KEYS)
+    c.needs(raw, given, "from", path, "each rename needs `from:`, a regex matched against run B's whole tensor name.")
+    pattern = re.compile(c.regex(raw["from"], path + ("from",)))
+    to = raw.get("to")
+    if to is not None:
+        _check_template(c.string(to, path + ("to",)), pattern, path + ("to",), c)
+    return Rename(pattern, to, _axes(raw.get("transpose", False), path + ("transpose",), c), c.lines.get(path))
 
 
 def _check_template(to: str, pattern: re.Pattern, path, c) -> None:

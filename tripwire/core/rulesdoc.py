@@ -43,6 +43,9 @@ rules:
   - rule: my_project.rules:LargeGradient     # a rule of your own (see the end of this page)
     params: {threshold: 20}
 ```
+
+Each numeric parameter has a range of valid values, shown beside its default below; loading a config refuses a
+value outside it (or a `.inf` / `.nan`), and reports every mistake of the config at once, each with its line.
 """
 
 CUSTOM = """\
@@ -53,12 +56,15 @@ config's `params:` are checked against. `requires()` declares the data (and so t
 `check(run, step)` reads the run as of `step` through the same API as `tripwire.open_run` and returns
 `self.fire(step, message, **evidence)` (or a list of them, one per finding) or None. A verdict is a warning
 unless the class says `severity = "error"` (or `fire(..., severity=...)` does): set it to `error` where your
-rule's `stop` should act.
+rule's `stop` should act. A config's value for a numeric parameter must be at least 0 where the default is; a
+class attribute `limits` gives a parameter another range (a `Range`, or `PERCENT`, `SHARE`, `COUNT`, `POSITIVE`,
+from `tripwire.core.config`).
 
 ```python
 from dataclasses import dataclass
 
 from tripwire import Requirement, Rule
+from tripwire.core.config import POSITIVE
 
 
 @dataclass
@@ -68,6 +74,7 @@ class LargeGradient(Rule):
     threshold: float = 10.0
 
     name = "large_gradient"
+    limits = {"threshold": POSITIVE}
     condition = "abs_max of any gradient above `threshold`"
     hint = "Clip gradients or lower the learning rate."
 
@@ -111,9 +118,9 @@ def describe(cls) -> str:
     """A rule as plain text, for `tripwire rules NAME`."""
     rule = cls()
     out = [cls.rule_name(), "", inspect.getdoc(cls) or "", "", f"condition: {cls.condition}", "", "parameters:"]
-    required = cls.required_parameters()
-    out += [f"  {k} = {v!r}" + (" (required)" if k in required else "") for k, v in cls.parameters().items()] or \
-        ["  (none)"]
+    required, ranges = cls.required_parameters(), cls.ranges()
+    out += [f"  {k} = {v!r}" + (" (required)" if k in required else "") + (f"; {ranges[k]}" if k in ranges else "")
+            for k, v in cls.parameters().items()] or ["  (none)"]
     out += ["", "requires:"] + [f"  {line}" for line in requirement_lines(rule)] + [f"  evaluated {_evaluated(cls)}"]
     out += ["", f"hint: {cls.hint}", "", f"source: {cls.source}"]
     return "\n".join(out)
@@ -161,14 +168,14 @@ def markdown(zoo: dict | None = None) -> str:
     sections = [INTRO]
     for name, cls in builtin_rules().items():
         rule = cls()
-        required = cls.required_parameters()
-        params = "\n".join(f"| `{k}` | " + ("required" if k in required else f"`{v!r}`") + " |"
+        required, ranges = cls.required_parameters(), cls.ranges()
+        params = "\n".join(f"| `{k}` | " + ("required" if k in required else f"`{v!r}`") + f" | {ranges.get(k, '')} |"
                            for k, v in cls.parameters().items())
         sections.append("\n".join([
             f"## {name}", "", inspect.getdoc(cls) or "", "",
             f"**Condition.** {cls.condition}.".replace("..", "."), "",
             "**Parameters.**", "",
-            "| parameter | default |\n|---|---|\n" + params if params else "None.", "",
+            "| parameter | default | valid values |\n|---|---|---|\n" + params if params else "None.", "",
             "**Requires.** " + "; ".join(requirement_lines(rule) or ["nothing captured"]) +
             f". Evaluated {_evaluated(cls)}.", "",
             f"**Hint.** {cls.hint}", "",

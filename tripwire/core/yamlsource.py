@@ -8,7 +8,8 @@ iterative, to refuse nesting deeper than `MAX_DEPTH` before anything is
 built; then the document is composed into nodes and converted by hand: with
 a budget on the number of values built, the same depth limit through aliases,
 a cap on the file size, duplicate keys refused, and a `lines` map from key
-path to line.
+path to line. A tab used to indent, which PyYAML reports as a "character that
+cannot start any token", is named as a tab.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise ConfigError(
+        raise _tab(text, mark, source) or ConfigError(
             f"malformed YAML: {exc.problem or exc.context}. Fix the syntax at this line.",
             source=source,
             line=mark.line + 1 if mark else None,
@@ -50,6 +51,22 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     lines: dict[tuple, int] = {(): node.start_mark.line + 1}
     budget = [MAX_VALUES]
     return _convert(node, (), lines, budget, source), lines
+
+
+def _tab(text: str, mark, source: str) -> ConfigError | None:
+    """The error for a tab in the indentation of the line PyYAML failed at, which it words as "found character
+    that cannot start any token" (a tab elsewhere, between a key and its value or inside a block of text, is
+    valid YAML and reads fine); None where there is none."""
+    lines = text.split("\n")
+    if mark is None or mark.line >= len(lines):
+        return None
+    line = lines[mark.line]
+    indent = line[:len(line) - len(line.lstrip(" \t"))]
+    if "\t" not in indent:
+        return None
+    column = indent.index("\t") + 1
+    return ConfigError(f"a tab at line {mark.line + 1}, column {column}: YAML indents with spaces, not tabs. Replace "
+                       "the tab with spaces.", source=source, line=mark.line + 1)
 
 
 def _too_deep(source: str, mark) -> ConfigError:

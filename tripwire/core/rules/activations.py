@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..config import COUNT, PERCENT
 from .base import NotApplicable, Requirement, Rule, held, values_at
 
 
@@ -16,6 +17,7 @@ class DeadRelu(Rule):
     patience: int = 3
 
     name = "dead_relu"
+    limits = {"threshold_layer": PERCENT, "patience": COUNT}
     condition = ("in a ReLU layer, more than `threshold_layer` % of the units are never positive over the sampled "
                  "batch (reduction dead_fraction, taken on batches of at least 16 samples) at each of the last "
                  "`patience` samples; an error where every unit of the layer is dead; layers holding NaN/Inf are "
@@ -86,6 +88,7 @@ class SaturatedActivation(Rule):
     patience: int = 2
 
     name = "saturated_activation"
+    limits = {"threshold_layer": PERCENT, "patience": COUNT}
     condition = ("in a tanh or sigmoid layer, more than `threshold_layer` % of the units are saturated (input "
                  "beyond ±9.4999 for tanh, outside (-23, 16.99999) for sigmoid) in at least 99% of the batch "
                  "(reduction saturated_fraction, computed from the layer's outputs on batches of at least 16 "

@@ -15,6 +15,7 @@ import inspect
 import re
 from typing import ClassVar
 
+from ..config import ANY, AT_LEAST_0, Range
 from ..model import role_of
 from ..verdict import Verdict
 
@@ -54,6 +55,9 @@ class Rule:
     idle: ClassVar[bool] = False  # judged by the clock through check_idle, not at steps
     severity: ClassVar[str] = "warning"  # of its verdicts unless `fire` is told otherwise
     required: ClassVar[tuple] = ()  # parameters a config must give (beyond those without a default)
+    # parameter -> the Range of its valid values, where it is not the default one (see `ranges`); a subclass's
+    # entries add to its bases'
+    limits: ClassVar[dict] = {}
 
     @classmethod
     def _declared(cls) -> dict:
@@ -78,6 +82,18 @@ class Rule:
         """Parameters a config must give: those named in `required`, and those without a default."""
         missing = [name for name, default in cls._declared().items() if default is _NO_DEFAULT]
         return list(dict.fromkeys([*cls.required, *missing]))
+
+    @classmethod
+    def ranges(cls) -> dict[str, Range]:
+        """Numeric parameter -> the Range a config's value must lie in: as `limits` declares it (a percentage,
+        a share, a count of at least 1), else at least 0 where the default is at least 0 (thresholds, counts and
+        steps are), any finite number otherwise. Loading a config enforces them; the docs show them."""
+        declared: dict = {}
+        for klass in reversed(cls.__mro__):
+            declared.update(vars(klass).get("limits", {}))
+        return {name: declared.get(name) or (AT_LEAST_0 if default >= 0 else ANY)
+                for name, default in cls.parameters().items()
+                if name in declared or isinstance(default, (int, float)) and not isinstance(default, bool)}
 
     @property
     def params(self) -> dict:

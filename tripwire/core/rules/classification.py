@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import ANY, COUNT, POSITIVE, SHARE, Range
 from ..firststep import task_of
 from .base import NotApplicable, Requirement, Rule
 
@@ -45,6 +46,9 @@ class _Pooled(Rule):
     patience: int = 2  # pools of `samples` fresh labels a class must stand out over (one learned last is no fault)
     labels: str = "labels"
     predictions: str = "predictions"
+
+    limits = {"samples": COUNT, "window": COUNT, "binary_threshold": ANY, "learned": SHARE, "ratio": POSITIVE,
+              "patience": COUNT}
 
     def __post_init__(self):
         self._streaks: dict = {}  # (worker, finding) -> fresh labels judged since it began to hold, without a break
@@ -196,6 +200,7 @@ class ClassImbalance(_Pooled):
     threshold_misprediction: float = 0.7
 
     name = "class_imbalance"
+    limits = {"threshold_imbalance": Range(1, what="a factor"), "threshold_misprediction": SHARE}
     condition = ("over the newest `samples` labels (pooled from at most `window` saved steps) of a classifier: "
                  "labels that are not class ids (warning); the largest class count more than `threshold_imbalance` "
                  "times the smallest (info: a property of the data); once the model has learned (accuracy at least "
@@ -253,6 +258,7 @@ class Confusion(_Pooled):
     max_off_diag: float = 0.1
 
     name = "confusion"
+    limits = {"min_diag": SHARE, "max_off_diag": SHARE}
     condition = ("over the newest `samples` labels (pooled from at most `window` saved steps) of a classifier, with "
                  "C[i, j] the samples of class i predicted as j: labels that are not class ids; or, once the model "
                  "has learned (accuracy at least `learned` of the way from the majority class's share to 1), a "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, held, of_roles, values_at
 
@@ -24,6 +25,7 @@ class VanishingGradient(Rule):
     learned: float = 0.5  # not judged once the training loss is below this share of its first value
 
     name = "vanishing_gradient"
+    limits = {"ratio": SHARE, "patience": COUNT, "learned": SHARE}
     condition = ("a trainable kernel's mean absolute gradient (abs_mean) is below `threshold` and below `ratio` "
                  "times the largest kernel's at each of its last `patience` samples, while the training loss is "
                  "still above `learned` times its first value (gradients that vanish before the network learns; "
@@ -70,6 +72,7 @@ class ExplodingGradient(Rule):
     max_norm: float = 1000.0
 
     name = "exploding_gradient"
+    limits = {"ratio_threshold": POSITIVE, "max_norm": POSITIVE}
     condition = ("the L2 norm of the first layer's trainable kernel gradients is more than `ratio_threshold` times "
                  "the last layer's (layers in the model's order; a layer's kernels taken together, so a recurrent "
                  "layer's input and recurrent kernels are one layer), or some kernel gradient's L2 norm exceeds "

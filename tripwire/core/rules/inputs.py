@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import COUNT, Range
 from .base import Requirement, Rule
 
 STATISTICS = ("mean", "std", "min", "max")
@@ -21,6 +22,7 @@ class InputNotNormalized(Rule):
     samples: int = 3  # batches pooled before the rule decides
 
     name = "input_not_normalized"
+    limits = {"samples": COUNT}
     condition = ("over the newest `samples` sampled batches of float inputs (collection `inputs`; integer inputs "
                  "such as token ids are not captured), pooled: values outside [-1, 1] (data scaled to [0, 1] or "
                  "[-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard deviation above "
@@ -74,6 +76,7 @@ class InputFeatures(Rule):
     max_ratio: float = 1000.0
     listed: int = 10  # features named in a message
 
+    limits = {"max_ratio": Range(1, low_open=True, what="a ratio"), "listed": COUNT}
     name = "input_features"
     modes = ("train",)
     condition = ("at the first step, for each float input of samples x features (collection `inputs`, the first "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..config import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from ..naming import MODES, collection_of
 from .base import Requirement, Rule, of_roles
@@ -33,6 +34,7 @@ class LossNotDecreasing(Rule):
     min_steps: int = 300  # steps from the first window before "never went down" is judged: a slow start is no fault
 
     name = "loss_not_decreasing"
+    limits = {"window": COUNT, "min_drop": SHARE}
     condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
                  "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
                  "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
@@ -163,6 +165,7 @@ class Overfit(Rule):
     train_mode: str = "train"  # the mode holding `train_tensor`
 
     name = "overfit"
+    limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
     modes = ("eval",)
     condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its "
                  "best before them by more than `min_delta` of that best, more than its own noise (the median change "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..config import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, learning_rates, of_roles, values_at
 
@@ -36,6 +37,7 @@ class LearningRate(Rule):
     min_ratio: float = 1e-5  # median ‖update‖ / ‖weight‖ over the first steps below which a low rate does nothing
 
     name = "learning_rate"
+    limits = {"steps": COUNT, "far": POSITIVE, "max_ratio": POSITIVE, "share": SHARE}
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
                  "judged), or one step changed at least `share` of the trainable kernels (zero-initialised ones "

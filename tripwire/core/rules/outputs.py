@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import COUNT, Range
 from .base import NotApplicable, Requirement, Rule
 from .classification import NotClassIds, _classified
 
@@ -52,6 +53,7 @@ class OutputLossMismatch(Rule):
     loss: str = "losses/train"
 
     name = "output_loss_mismatch"
+    limits = {"separation": Range(1, what="a factor"), "patience": COUNT}
     condition = ("at the steps it samples (0, 10, 20, 50, 100, 200, 500, 1000), for a classifier's output and "
                  "labels (the shapes say so, as for class_imbalance) and the training loss reported at the same "
                  "step: the output is one kind (probabilities: non-negative rows summing to 1, or one score in "

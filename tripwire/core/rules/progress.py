@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import COUNT, SHARE, Range
 from .base import Requirement, Rule
 from .losses import train_means_at_evals
 
@@ -22,6 +23,7 @@ class OscillatingLoss(Rule):
     mode: str = "eval"
 
     name = "oscillating_loss"
+    limits = {"rate": SHARE, "min_samples": Range(3, what="samples: a swing spans three")}
     modes = ("train", "eval")
     condition = ("over the samples of a tensor matching `tensor_regex` in `mode` (at least `min_samples`), pair "
                  "the k-th local maximum with the k-th local minimum; the rule fires when the pairs whose "
@@ -85,6 +87,7 @@ class Overtraining(Rule):
     train_tensor: str = "losses/train"
 
     name = "overtraining"
+    limits = {"patience_train": COUNT, "patience_validation": COUNT}
     modes = ("eval",)
     severity = "info"  # training that stopped improving has converged: worth a look, not a fault
     condition = ("at an evaluation: the training loss (mean since the previous evaluation) has not improved on its "

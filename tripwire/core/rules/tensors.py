@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import PERCENT, Range
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
 from .base import Requirement, Rule, of_roles, reductions_at, values_at
@@ -111,6 +112,7 @@ class AllZero(Rule):
     regex: str = ""
 
     name = "all_zero"
+    limits = {"threshold": PERCENT}
     condition = ("at least `threshold` % of the elements of a trainable kernel's weights or gradients are exactly "
                  "zero (reduction zero_fraction); biases, normalisation shifts and embedding tables, which may be "
                  "zero by design or sparse, are left out")
@@ -190,6 +192,7 @@ class UnchangedTensor(Rule):
     regex: str = ""
 
     name = "unchanged_tensor"
+    limits = {"num_steps": Range(2, what="samples: one has nothing to compare with")}
     condition = ("(a) a trainable kernel's or embedding table's values are allclose (rtol, atol; by default: "
                  "equal) over its last `num_steps` samples: its full values where saved, else every captured "
                  "reduction (l2, mean, min, max); not judged once the learning rate has decayed below 1/1000 of its "

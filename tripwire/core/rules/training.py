@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import POSITIVE
 from .base import Rule
 
 
@@ -14,6 +15,7 @@ class StalledTraining(Rule):
     threshold_s: float = 1800.0
 
     name = "stalled_training"
+    limits = {"threshold_s": POSITIVE}
     modes = ()  # judged by the clock, not at steps: see `idle`
     idle = True
     condition = ("no new sample has been captured for `threshold_s` seconds while the run is running; judged "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import COUNT, SHARE
 from .base import NotApplicable, Requirement, Rule
 
 
@@ -55,6 +56,7 @@ class FeatureImportanceOverweight(Rule):
     min_samples: int = 50  # labelled samples a perfect score must hold
 
     name = "feature_importance_overweight"
+    limits = {"threshold": SHARE, "nfeatures": COUNT, "leak_share": SHARE}
     condition = ("from `start_step` on, the `nfeatures` most important features hold more than `threshold` of the "
                  "model's importance of type `importance_type` (`feature_importance/<type>/*`, summed over the "
                  "features): info, a dataset may have a few strong features. A warning where one feature holds "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import COUNT, POSITIVE, Range
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, learning_rates, of_roles, values_at
 
@@ -24,6 +25,7 @@ class PoorWeightInitialization(Rule):
     threshold: float = 10.0
 
     name = "poor_weight_initialization"
+    limits = {"steps": COUNT, "threshold": Range(1, what="a factor")}
     condition = ("at the first sample of the first `steps` steps, for each trainable kernel: all its weights are "
                  "equal (std 0: every unit computes the same; the output layer, which breaks the symmetry itself, "
                  "is left out), or its variance is more than `threshold` times above He's 2/fan_in or below the "
@@ -90,6 +92,7 @@ class WeightUpdateRatio(Rule):
     patience: int = 2
 
     name = "weight_update_ratio"
+    limits = {"large_threshold": POSITIVE, "patience": COUNT}
     condition = ("for a trainable kernel, ‖update‖ / ‖weight‖ over one optimizer step (the `updates` collection) "
                  "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
                  "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
