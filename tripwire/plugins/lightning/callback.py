@@ -30,7 +30,7 @@ from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture
-from tripwire.plugins.torch.firststep import LossSpy
+from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
@@ -205,21 +205,12 @@ class TripwireCallback(*_callback_bases()):
     def _look_at_first_step(self, pl_module, step: int) -> None:
         """Run this step's training_step under a LossSpy, once: what it does with its loss goes to the run."""
         self._looked = True
-        spy, own = LossSpy(), pl_module.__dict__.get("training_step")
-        original = pl_module.training_step
 
-        def training_step(*args, **kwargs):
-            if own is None:
-                del pl_module.training_step
-            else:
-                pl_module.training_step = own
-            with spy:
-                out = original(*args, **kwargs)
+        def seen(facts) -> None:
             if self._recorder is not None:
-                self._recorder.first_step(spy.finish(step))
-            return out
+                self._recorder.first_step(facts)
 
-        pl_module.training_step = training_step
+        look_once(pl_module, "training_step", step, seen)
 
     def _listen(self, sampled: bool) -> None:
         """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips)."""

@@ -19,7 +19,6 @@ process only, as under DDP a stop must be agreed by every rank, which they do at
 
 from __future__ import annotations
 
-import functools
 import logging
 import numbers
 import os
@@ -36,7 +35,7 @@ from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.sinks import WriterSink, siblings
 from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
-from tripwire.plugins.torch.firststep import LossSpy
+from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
@@ -209,24 +208,13 @@ class TripwireCallback(TrainerCallback, ExportableState):
         """Run this step's forward pass, where a Transformers model computes its loss, under a LossSpy, once: what
         it does with its loss goes to the run, and says whether the loss sums over its items."""
         self._looked = True
-        spy, own = LossSpy(), model.__dict__.get("forward")
-        original = model.forward
 
-        @functools.wraps(original)  # the Trainer reads forward's signature to pick the columns it feeds
-        def forward(*args, **kwargs):
-            if own is None:
-                del model.forward
-            else:
-                model.forward = own
-            with spy:
-                out = original(*args, **kwargs)
-            facts = spy.finish(step)
+        def seen(facts) -> None:
             self._sums = any(use.settings.get("reduction") == "sum" for use in facts.losses)
             if self._recorder is not None:
                 self._recorder.first_step(facts)
-            return out
 
-        model.forward = forward
+        look_once(model, "forward", step, seen)
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         """Gradients after clipping, and the learning rate of this step: the scheduler steps before on_step_end."""
