@@ -46,6 +46,10 @@ class Cause:
 # Ordered from the most fundamental cause to the plainest symptom: at the same step, the first listed leads (raw
 # inputs before the learning rate: their huge activations make any rate's steps look too large).
 CAUSES: dict[str, Cause] = {
+    "training_relations:stale_gradients": Cause("gradients never cleared (zero_grad missing)",
+                                                _BLOWUP + ("learning_rate:high",)),
+    "training_relations:eval_mode": Cause("training in eval mode", ("loss_not_decreasing", "overfit",
+                                                                    "oscillating_loss")),
     "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),
     "input_features:scales": Cause("features on scales far apart", _BLOWUP + ("learning_rate:high",
                                                                              "input_not_normalized")),
@@ -94,7 +98,7 @@ def kind(verdict: Verdict) -> str:
     """What a verdict says, for the causal links: its rule, with the side of its finding where the rule has two
     findings of different meaning (`weight_update_ratio:large` and `:small`)."""
     rule, finding = verdict.rule, verdict.finding
-    if rule in ("tensor_variance", "weight_update_ratio", "learning_rate", "input_features"):
+    if rule in ("tensor_variance", "weight_update_ratio", "learning_rate", "input_features", "training_relations"):
         return f"{rule}:{finding.rsplit(':', 1)[-1]}"
     if rule == "unchanged_tensor" and finding in ("frozen", "lr0") or rule == "untrained_parameters":
         return f"{rule}:{finding}"

@@ -29,8 +29,9 @@ COLLECTIONS = {
     "custom": "tensors the user hands to the callback's save_tensor()",
     "trees": "XGBoost per-round tree statistics: depth, leaves, splits",
     "feature_importance": "XGBoost feature importance by type",
+    "relations": "facts every healthy training step obeys, as counts of what broke them (0: held)",
 }
-SCALAR_COLLECTIONS = frozenset({"losses", "metrics", "optimizer", "trees", "feature_importance"})
+SCALAR_COLLECTIONS = frozenset({"losses", "metrics", "optimizer", "trees", "feature_importance", "relations"})
 VALUE = "value"  # the reduction name under which scalars are stored
 
 

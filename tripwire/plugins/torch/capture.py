@@ -23,6 +23,7 @@ from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
+from .relations import GradientsCleared
 
 log = logging.getLogger("tripwire")
 
@@ -47,6 +48,7 @@ class TorchCapture:
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
+        self._cleared: GradientsCleared | None = None  # this step's gradient hooks, where relations are sampled
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -64,6 +66,12 @@ class TorchCapture:
         if "predictions" in self.active and mode == "train":  # the model's own output, where forward() is used
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
+
+    def watch_gradients(self) -> None:
+        """The step being captured follows an optimizer step: note whether its gradients start from cleared ones
+        (tripwire.plugins.torch.relations), where the `relations` collection is sampled."""
+        if "relations" in self.active and self.mode == "train" and self._cleared is None:
+            self._cleared = GradientsCleared(param for _, param, _ in self._parameters_of(None))
 
     def before_optimizer_step(self, optimizer=None) -> None:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values
@@ -93,6 +101,10 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
+        if self._cleared is not None:
+            stale, self._cleared = self._cleared.stale(), None
+            if stale is not None:
+                self._scalar("relations/stale_gradients", stale)
         if self.watching_steps and not self._stepped and self.mode == "train":
             self._leave_out_parameters()
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
@@ -121,8 +133,8 @@ class TorchCapture:
     def _leave_out_parameters(self) -> None:
         if "skipped" not in self._unread:
             self._unread.add("skipped")
-            log.info("tripwire: no optimizer stepped at step %s (a GradScaler that found inf/NaN gradients skips "
-                     "the step by design): its weights, gradients and updates are not recorded.", self.step)
+            log.info("tripwire: no optimizer stepped at step %s (gradient accumulation, or a GradScaler that found "
+                     "inf/NaN gradients): its weights, gradients and updates are not recorded.", self.step)
         self.active = {n: c for n, c in self.active.items() if n not in PARAM_COLLECTIONS}
         self._reductions.forget(lambda name: name.split("/", 1)[0] in PARAM_COLLECTIONS)
         self._tensors = {n: t for n, t in self._tensors.items() if n.split("/", 1)[0] not in PARAM_COLLECTIONS}
@@ -130,6 +142,9 @@ class TorchCapture:
 
     def close(self) -> None:
         self._remove_hooks()
+        if self._cleared is not None:  # closed inside a step: its gradient hooks go too
+            self._cleared.remove()
+            self._cleared = None
         self.active = {}
 
     # -- helpers --------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import TorchCapture
 from .firststep import LossSpy
+from .relations import eval_mode_modules
 from .losswatch import LossWatch
 from .reduce import Reductions
 from .structure import describe
@@ -79,6 +80,8 @@ class TripwireProbe:
         self._losses = LossWatch()
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
+        self._stepping = False  # an optimizer stepped during the current step
+        self._after_optimizer = False  # the previous step ended with an optimizer's step
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
@@ -100,6 +103,7 @@ class TripwireProbe:
         self._end_look()
         step = self.global_step
         self.global_step += 1
+        trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
         if not self._sampled:  # a NaN loss is recorded at the step it appears, sampled or not
             found = self._losses.see(step, loss)
             decision = self._recorder.check_loss(*found) if found is not None else None
@@ -112,6 +116,8 @@ class TripwireProbe:
         if predictions is not None:
             self._capture.take("predictions", "", predictions)
         scalars = {f"metrics/{k}": v for k, v in (metrics or {}).items()}
+        if trained:
+            scalars["relations/eval_mode"] = eval_mode_modules(self.model)
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
         self._act(self._recorder.record(step, "train", values, tensors, loss=_mean(loss)).merge(self._recorder.poll()))
 
@@ -161,6 +167,7 @@ class TripwireProbe:
             self._capture.take_inputs(args[0])
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._stepping = True
         self._end_look()
         self._capture.stepped()
         if self._sampled:
@@ -169,6 +176,8 @@ class TripwireProbe:
     def _begin(self) -> None:
         self._begun = True
         self._sampled = self._capture.begin("train", self.global_step)
+        if self._sampled and self._after_optimizer:
+            self._capture.watch_gradients()
         if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss
             self._spy = LossSpy()
             self._spy.__enter__()

@@ -1,0 +1,61 @@
+"""Relations every healthy training step obeys, whose breaking shows no bad number: the loss goes down a little, every
+tensor looks fine, and the run is wrong.
+
+The plugins record the facts (collection `relations`, one count per relation and step: how many parameters or
+modules broke it, 0 where it held; absent where the framework does not expose it) at the sampled steps and at the
+first steps of training, where such a bug first shows; this rule judges them as soon as one breaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Requirement, Rule, values_at
+
+# relation -> (severity, what broke, the hint that names the change)
+RELATIONS = {
+    "stale_gradients": (
+        "error",
+        "{n} parameter(s) received this step's gradient on top of the previous step's: their `.grad` was not "
+        "cleared after the last optimizer step, so every step applies the sum of all gradients so far",
+        "Call optimizer.zero_grad() (or model.zero_grad()) once per optimizer step: before the forward pass or "
+        "right after optimizer.step(). With gradient accumulation, clear them after the step that applies them."),
+    "eval_mode": (
+        "warning",
+        "the model trained this step in eval mode: {n} dropout / batch-normalisation module(s) ran as at inference "
+        "(no dropout, running statistics instead of the batch's)",
+        "Call model.train() before the training steps: a validation loop's model.eval() stays in force until then."),
+}
+
+
+@dataclass
+class TrainingRelations(Rule):
+    """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
+    (a missing `zero_grad()`), training in eval mode."""
+
+    name = "training_relations"
+    modes = ("train",)
+    condition = ("at a sampled step (and steps 1 and 2, where these bugs first show) where the plugin recorded the "
+                 "relation: `stale_gradients` — after an optimizer step, a parameter's gradient arrived at every "
+                 "backward pass of the next step on top of a `.grad` that was not cleared (error); `eval_mode` — an "
+                 "optimizer stepped while the model, as a whole, was in eval mode, with dropout or batch "
+                 "normalisation in it (warning). Plain torch loops (the probe) and Lightning's manual optimisation; "
+                 "Lightning's automatic optimisation, the Hugging Face Trainer and Keras clear gradients themselves")
+    hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
+    source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
+              "within an iteration; here the relations are known in advance and judged from facts the plugin "
+              "records at no per-step cost, so a healthy run has nothing to break.")
+
+    def requires(self):
+        return [Requirement("relations", steps=(1, 2))]
+
+    def check(self, run, step):
+        found = []
+        for name, count in values_at(run, step, "value", ["relations"]).items():
+            relation = name.split("/", 1)[1]
+            if relation not in RELATIONS or not count:
+                continue
+            severity, what, hint = RELATIONS[relation]
+            found.append(self.fire(step, f"step {step}: {what.format(n=int(count))}.", severity=severity,
+                                   finding=relation, hint=hint, count=int(count)))
+        return found or None
