@@ -64,7 +64,8 @@ def wandb_offline(tmp_path, monkeypatch):
         (tmp_path / f"wandb-{name.lower()}").mkdir()
         monkeypatch.setenv(f"WANDB_{name}", str(tmp_path / f"wandb-{name.lower()}"))
     yield wandb
-    wandb.finish()
+    wandb.finish()  # a test that failed before reading its run leaves none behind for the next
+    wandb.teardown()
 
 
 def wandb_records(save_dir):

@@ -2,9 +2,10 @@
 
 A sink is told of each fired verdict as the training process learns of it, and of the run's end. Each plugin
 hands the recorder the sinks of its framework's own loggers, made through their public APIs (Lightning's
-`trainer.loggers`: TensorBoard, MLflow, Weights & Biases, CSV, …; Keras' TensorBoard callback, the Trainer's `report_to` integrations); an MLflow run that is
-active in the process (`mlflow.active_run()`, where mlflow is imported) gets one whatever the framework. A sink
-that fails is said once and dropped: a logger never hurts training. The config's `loggers: false` turns them off.
+`trainer.loggers`: TensorBoard, MLflow, Weights & Biases, CSV, …; Keras' TensorBoard callback, the Trainer's
+`report_to` integrations); an MLflow run that is active in the process (`mlflow.active_run()`, where mlflow is
+imported) gets one whatever the framework. A sink that fails is said once and dropped: a logger never hurts
+training. The config's `loggers: false` turns them off.
 """
 
 from __future__ import annotations

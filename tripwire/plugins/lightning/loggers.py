@@ -1,7 +1,7 @@
 """The sinks (tripwire.core.sinks) of a Lightning Trainer's own loggers, by what each can take through its public
-API: an MLflow client and run (MLFlowLogger) gets tags and the report; a W&B run (WandbLogger) alerts, numbers,
-a table, its summary and the report; a summary writer (TensorBoardLogger's
-`experiment`) text and a scalar; any other logger (CSVLogger, …) numbers through `log_metrics`."""
+API: an MLflow client and run (MLFlowLogger) gets tags and the report; a W&B run (WandbLogger) alerts, numbers, a
+table, its summary and the report; a summary writer (TensorBoardLogger's `experiment`) text and a scalar; any other
+logger (CSVLogger, …) numbers through `log_metrics`."""
 
 from __future__ import annotations
 
