@@ -1,8 +1,12 @@
-"""Verdicts in the user's own loggers: every logger of a Lightning Trainer (TensorBoard, CSV, MLflow), a Keras
+"""Verdicts in the user's own loggers: every logger of a Lightning Trainer (TensorBoard, CSV, MLflow, W&B), a Keras
 TensorBoard callback in the same fit, an MLflow run active in the process; `loggers: false` turns them off. Read
-back with the real readers: TensorBoard's event accumulator, the CSV file, a local MLflow tracking store."""
+back with the real readers: TensorBoard's event accumulator, the CSV file, a local MLflow tracking store, an offline
+W&B run's own transaction log (parsed with W&B's protos)."""
 
 import csv
+import json
+import struct
+import zlib
 
 import pytest
 
@@ -49,6 +53,85 @@ def mlflow_store(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(None)
 
 
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B with no account and no network: offline runs, every folder of its in the test's own."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for name in ("DIR", "CACHE_DIR", "CONFIG_DIR", "DATA_DIR"):
+        (tmp_path / f"wandb-{name.lower()}").mkdir()
+        monkeypatch.setenv(f"WANDB_{name}", str(tmp_path / f"wandb-{name.lower()}"))
+    yield wandb
+    wandb.finish()  # a test that failed before reading its run leaves none behind for the next
+    wandb.teardown()
+
+
+def wandb_records(save_dir):
+    """Every record of the one offline W&B run under `save_dir`, as W&B's protos (`wandb_internal_pb2.Record`), read
+    from the run's `.wandb` file: the transaction log `wandb sync` uploads. wandb 0.31 ships no Python reader of it
+    (wandb-core writes it), so its framing is read here: a 7-byte header (":W&B", 0xBEE1, version 0), then LevelDB
+    log blocks of 32 KiB, each chunk a CRC-32 of its type and data, a length and a type (1 whole record, 2 its first
+    chunk, 3 a middle one, 4 its last); the CRC proves every chunk read as written."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    (path,) = save_dir.rglob("offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:7] == struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+    records, chunks, at = [], [], 7
+    while at + 7 <= len(data):
+        if 32768 - at % 32768 < 7:  # a block's tail too short for a header is padding
+            at += 32768 - at % 32768
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[at:at + 7])
+        if kind == 0:
+            break
+        chunk = data[at + 7:at + 7 + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == crc
+        chunks.append(chunk)
+        at += 7 + length
+        if kind in (1, 4):
+            records.append(Record.FromString(b"".join(chunks)))
+            chunks = []
+    assert records[-1].WhichOneof("record_type") == "exit"  # the whole run: its log ends with its exit
+    return records
+
+
+def wandb_items(items, into: dict) -> dict:
+    """W&B's history or summary items into `into`: each value decoded from its JSON, under its key (a nested key, such
+    as a table's ["tripwire/verdicts_table", "path"], as nested dicts)."""
+    for item in items:
+        *parents, key = item.nested_key or [item.key]
+        at = into
+        for parent in parents:
+            at = at.setdefault(parent, {})
+        at[key] = json.loads(item.value_json)
+    return into
+
+
+def wandb_recorded(save_dir) -> dict:
+    """What the offline W&B run under `save_dir` recorded, by kind: its alerts (title, text, level), its history
+    rows, its summary, the paths of its files. Finishes the run first, and waits for wandb-core to have written all of
+    it (`wandb.finish` may return before: `wandb.teardown` waits)."""
+    import wandb
+
+    wandb.finish()
+    wandb.teardown()
+    found = {"alert": [], "history": [], "summary": {}, "files": []}
+    for record in wandb_records(save_dir):
+        kind = record.WhichOneof("record_type")
+        if kind == "alert":
+            found["alert"].append((record.alert.title, record.alert.text, record.alert.level))
+        elif kind == "history":
+            found["history"].append(wandb_items(record.history.item, {}))
+        elif kind == "summary":
+            wandb_items(record.summary.update, found["summary"])
+        elif kind == "files":
+            found["files"] += [f.path for f in record.files.files]
+    return found
+
+
 def test_every_logger_of_a_lightning_trainer_gets_the_verdicts(tmp_path, mlflow_store):
     from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
@@ -77,6 +160,51 @@ def test_every_logger_of_a_lightning_trainer_gets_the_verdicts(tmp_path, mlflow_
     assert "tripwire/diagnosis.txt" in artifacts
 
 
+def test_a_wandb_logger_gets_alerts_numbers_a_table_the_diagnosis_and_the_report(tmp_path, wandb_offline):
+    """lr=50: the loss turns NaN, exploding_tensor stops training; the report action writes a report."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    config = {**DEAD, "rules": [dict(r, actions=[*r["actions"], "report"]) for r in DEAD["rules"]]}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=2,
+                logger=WandbLogger(offline=True, save_dir=tmp_path / "wandb", project="zoo"))
+    fired = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
+    nan = next(v for v in fired if v.rule == "exploding_tensor")
+
+    recorded = wandb_recorded(tmp_path / "wandb")
+    assert len(recorded["alert"]) == len(fired)
+    assert ("tripwire: exploding_tensor (error)", nan.describe(), "ERROR") in recorded["alert"]
+    counts = [row for row in recorded["history"] if "tripwire/verdicts" in row]
+    assert [row["tripwire/verdicts"] for row in counts] == list(range(1, len(fired) + 1))
+    assert {"trainer/global_step": nan.step, "tripwire/exploding_tensor": 2} in [
+        {k: row.get(k) for k in ("trainer/global_step", "tripwire/exploding_tensor")} for row in counts]
+    (table,) = [row["tripwire/verdicts_table"] for row in recorded["history"] if "tripwire/verdicts_table" in row]
+    rows = json.loads(next((tmp_path / "wandb").rglob("files/" + table["path"])).read_text())
+    assert rows["columns"] == ["step", "rule", "severity", "mode", "message"]
+    assert [nan.step, "exploding_tensor", "error", "train", nan.message] in rows["data"]
+    assert len(rows["data"]) == len(fired)
+
+    summary = recorded["summary"]
+    assert summary["tripwire/run_url"] == callback.run_url and summary["tripwire/status"] == "stopped"
+    assert "exploding_tensor" in summary["tripwire/diagnosis"]
+    assert "tripwire/report.html" in recorded["files"]
+    (report,) = (tmp_path / "wandb").rglob("files/tripwire/report.html")
+    assert not report.is_symlink() and report.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_healthy_fit_leaves_no_verdict_in_wandb(tmp_path, wandb_offline):
+    from lightning.pytorch.loggers import WandbLogger
+
+    callback = TripwireCallback(DEAD, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(), max_epochs=1,
+                logger=WandbLogger(offline=True, save_dir=tmp_path / "wandb", project="zoo"))
+    assert not [v for v in callback.verdicts if v.fired]
+    recorded = wandb_recorded(tmp_path / "wandb")
+    assert not recorded["alert"] and not any(k.startswith("tripwire") for row in recorded["history"] for k in row)
+    assert recorded["summary"]["tripwire/status"] == "finished"
+    assert recorded["summary"]["tripwire/diagnosis"].startswith("no rule fired.")
+
+
 def test_an_active_mlflow_run_gets_tags_and_the_report_whatever_the_framework(tmp_path, mlflow_store):
     config = {**DEAD, "rules": [dict(r, actions=[*r["actions"], "report"]) for r in DEAD["rules"]]}
     with mlflow_store.start_run() as active:
@@ -100,6 +228,19 @@ def test_loggers_false_keeps_the_verdicts_out_of_the_loggers(tmp_path, mlflow_st
         active.info.run_id).data.tags)
     (rows,) = [list(csv.DictReader(open(f))) for f in (tmp_path / "csv").rglob("metrics.csv")]
     assert not any(key.startswith("tripwire") for row in rows for key in row)
+
+
+def test_loggers_false_keeps_the_verdicts_out_of_wandb(tmp_path, wandb_offline):
+    from lightning.pytorch.loggers import WandbLogger
+
+    callback = TripwireCallback({**DEAD, "loggers": False}, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(lr=50.0), max_epochs=1,
+                logger=WandbLogger(offline=True, save_dir=tmp_path / "wandb", project="zoo"))
+    assert [v for v in callback.verdicts if v.fired]
+    recorded = wandb_recorded(tmp_path / "wandb")
+    assert recorded["history"] and not recorded["alert"]  # Lightning's own numbers are there
+    assert not any(k.startswith("tripwire") for kind in ("history", "summary")
+                   for row in (recorded[kind] if kind == "history" else [recorded[kind]]) for k in row)
 
 
 def test_a_keras_tensorboard_callback_in_the_same_fit_gets_the_verdicts(tmp_path):

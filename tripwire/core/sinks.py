@@ -2,20 +2,23 @@
 
 A sink is told of each fired verdict as the training process learns of it, and of the run's end. Each plugin
 hands the recorder the sinks of its framework's own loggers, made through their public APIs (Lightning's
-`trainer.loggers`, Keras' TensorBoard callback, the Trainer's `report_to` integrations); an MLflow run that is
-active in the process (`mlflow.active_run()`, where mlflow is imported) gets one whatever the framework. A sink
-that fails is said once and dropped: a logger never hurts training. The config's `loggers: false` turns them off.
+`trainer.loggers`: TensorBoard, MLflow, Weights & Biases, CSV, …; Keras' TensorBoard callback, the Trainer's
+`report_to` integrations); an MLflow run that is active in the process (`mlflow.active_run()`, where mlflow is
+imported) gets one whatever the framework. A sink that fails is said once and dropped: a logger never hurts
+training. The config's `loggers: false` turns them off.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 
 log = logging.getLogger("tripwire")
 LEVELS = {"info": 0.0, "warning": 1.0, "error": 2.0}  # a verdict's severity as a number a logger can plot
+ALERT_LEVELS = {"info": "INFO", "warning": "WARN", "error": "ERROR"}  # W&B's AlertLevel values, by severity
 
 
 class Sink:
@@ -114,6 +117,44 @@ class MlflowSink(Sink):
         self._client.log_text(self._run_id, summary, "tripwire/diagnosis.txt")
         if report is not None:
             self._client.log_artifact(self._run_id, report, "tripwire")
+
+
+class WandbSink(MetricsSink):
+    """A Weights & Biases run (WandbLogger's `experiment`), through the run's public API: each verdict as an alert
+    (which W&B passes on to Slack or email where the user set that up; one a minute per rule and severity, W&B's
+    default wait) and as the numbers of a MetricsSink, through the logger's own `log_metrics` (WandbLogger puts
+    the step in `trainer/global_step`: W&B's own step, which only goes forward, is never asked to go back); at the
+    end the table `tripwire/verdicts_table` (step, rule, severity, mode, message), the summary keys
+    `tripwire/run_url`, `tripwire/status` and `tripwire/diagnosis`, and the HTML report as the run's file
+    `tripwire/report.html`. An offline run keeps all of it for `wandb sync`."""
+
+    COLUMNS = ["step", "rule", "severity", "mode", "message"]
+
+    def __init__(self, run, log_metrics):
+        super().__init__(log_metrics, "wandb")
+        self._run, self._fired = run, []
+
+    def start(self, run_url: str) -> None:
+        self._run.summary["tripwire/run_url"] = run_url
+
+    def verdict(self, verdict, fired: int) -> None:
+        self._fired.append(verdict)
+        super().verdict(verdict, fired)
+        self._run.alert(title=f"tripwire: {verdict.rule} ({verdict.severity})"[:63], text=verdict.describe(),
+                        level=ALERT_LEVELS[verdict.severity])
+
+    def close(self, run_url: str, status: str, summary: str, report: str | None) -> None:
+        if self._fired:
+            import wandb  # imported already: the run is one of its
+
+            rows = [[v.step, v.rule, v.severity, v.mode, v.message] for v in self._fired]
+            self._run.log({"tripwire/verdicts_table": wandb.Table(columns=self.COLUMNS, data=rows)})
+        self._run.summary.update({"tripwire/status": status, "tripwire/diagnosis": summary})
+        if report is not None:  # a copy in the run's own folder: `run.save` of the temporary file would link to it
+            saved = os.path.join(self._run.dir, "tripwire", "report.html")
+            os.makedirs(os.path.dirname(saved), exist_ok=True)
+            shutil.copyfile(report, saved)
+            self._run.save(saved, base_path=self._run.dir, policy="now")
 
 
 def active_mlflow_sink() -> MlflowSink | None:
