@@ -132,3 +132,20 @@ def test_lightning_manual_optimisation(tmp_path, clear, gan):
     else:
         ((finding, step, severity),) = findings(run)
         assert (finding, severity) == ("stale_gradients", "error") and step <= 2
+
+
+def test_a_parameter_no_optimizer_holds_is_not_this_rules(tmp_path):
+    """Its gradient piles up (optimizer.zero_grad() clears only what the optimizer holds), but nothing applies it:
+    untrained_parameters names that fault."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model[0].parameters(), lr=0.05)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for step in range(20):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[32 * step:32 * step + 32]), y[32 * step:32 * step + 32]).backward()
+            optimizer.step()
+            probe.step()
+    run = tripwire.open_run(probe.run_url)
+    assert findings(run) == []
+    assert run.tensor("relations/stale_gradients").series("value")[1].tolist() == [0, 0, 0]  # steps 1, 2, 10

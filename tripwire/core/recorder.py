@@ -374,7 +374,8 @@ class Recorder:
 
 def _applicable(config: Config, provides: set, framework: str) -> Config:
     """The config without the rules that need data this framework never has (the default rules.yaml carries
-    neural-network rules an XGBoost run cannot feed); said once, as a warning where the user chose them."""
+    neural-network rules an XGBoost run cannot feed); said once, as a warning where the user chose them (the
+    packaged default carries rules for every framework: leaving some out is no news)."""
     kept, left = [], []
     for spec in config.rules:
         needs = spec.create().needs()
@@ -382,7 +383,7 @@ def _applicable(config: Config, provides: set, framework: str) -> Config:
         (kept if anything or needs <= provides else left).append((spec, needs - provides - {"*"}))
     if left:
         chosen = not config.source.endswith("(packaged default)")
-        log.log(logging.WARNING if chosen else logging.INFO,
+        log.log(logging.WARNING if chosen else logging.DEBUG,
                 "tripwire: %s capture no %s, so these rules are not evaluated: %s.", framework,
                 ", ".join(sorted(set().union(*(m for _, m in left)))), ", ".join(s.id for s, _ in left))
     return dataclasses.replace(config, rules=tuple(s for s, _ in kept))

@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from tripwire.core.config import load_config
+from tripwire.core.naming import COLLECTIONS
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce as reduce_numpy
 from tripwire.core.sinks import EventFileSink, siblings
@@ -36,6 +37,9 @@ from .hooks import hook_model
 from .structure import describe
 
 log = logging.getLogger("tripwire")
+# What a Keras fit shows: not a booster's trees, nor the torch loop's relations (Keras computes gradients afresh
+# each step and keeps the model's mode itself: a missing zero_grad or an eval-mode step cannot happen).
+PROVIDES = set(COLLECTIONS) - {"trees", "feature_importance", "relations"}
 
 
 class TripwireCallback(keras.callbacks.Callback):
@@ -106,7 +110,7 @@ class TripwireCallback(keras.callbacks.Callback):
                                           self.config, self.out_dir), framework="keras",
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
-                                      info={"keras_backend": keras.backend.backend()},
+                                      info={"keras_backend": keras.backend.backend()}, provides=PROVIDES,
                                       model=structure if structure is not None else _built(model),
                                       append=self.append or goes_on)
             self._recorder.start()

@@ -193,7 +193,7 @@ class TripwireCallback(*_callback_bases()):
             sampled = self._capture.begin("train", step)
             if sampled:
                 if step > 0:  # a new step follows an optimizer step: its gradients must start cleared
-                    self._capture.watch_gradients()
+                    self._capture.watch_gradients(trainer.optimizers)
                 self._take_batch(batch)
                 if not self._looked:
                     self._look_at_first_step(pl_module, step)

@@ -67,11 +67,14 @@ class TorchCapture:
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
 
-    def watch_gradients(self) -> None:
-        """The step being captured follows an optimizer step: note whether its gradients start from cleared ones
-        (tripwire.plugins.torch.relations), where the `relations` collection is sampled."""
-        if "relations" in self.active and self.mode == "train" and self._cleared is None:
-            self._cleared = GradientsCleared(param for _, param, _ in self._parameters_of(None))
+    def watch_gradients(self, optimizers) -> None:
+        """The step being captured follows an optimizer step: note whether the gradients of the parameters these
+        optimizers step start from cleared ones (tripwire.plugins.torch.relations), where the `relations`
+        collection is sampled. A parameter no optimizer holds is untrained_parameters' (its gradient, applied by
+        nothing, may well pile up)."""
+        if "relations" in self.active and self.mode == "train" and self._cleared is None and optimizers:
+            held = {id(p): p for o in optimizers for _, p, _ in self._parameters_of(o)}
+            self._cleared = GradientsCleared(held.values())
 
     def before_optimizer_step(self, optimizer=None) -> None:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values

@@ -177,7 +177,7 @@ class TripwireProbe:
         self._begun = True
         self._sampled = self._capture.begin("train", self.global_step)
         if self._sampled and self._after_optimizer:
-            self._capture.watch_gradients()
+            self._capture.watch_gradients(self.optimizers)
         if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss
             self._spy = LossSpy()
             self._spy.__enter__()

@@ -185,6 +185,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._sampled = self._capture.begin("train", step)
         if self._sampled:
             self._losses, self._shares = [], False
+            if step > 0:  # a step after an optimizer step: its gradients start cleared (the Trainer's zero_grad)
+                self._capture.watch_gradients([kwargs.get("optimizer")] if kwargs.get("optimizer") else [])
             if not self._looked:
                 self._look_at_first_step(self._model, step)
 
