@@ -265,6 +265,18 @@ class Recorder:
             decision.merge(self._act(verdict))
         return decision
 
+    def scalars(self, step: int, mode: str, values: dict) -> None:
+        """Scalars the framework hands over at a step whether or not it is sampled ({name: {"value": float}}: a
+        loss Keras logs, the loss a Lightning step returned): stored, so that a series has every step, and not
+        judged, so that the rules read what their thresholds were set on (the sampled steps). One queued sample,
+        no I/O, no rule."""
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        if self.writer is None or not values:
+            return
+        self.writer.put(Sample(step, mode, values))
+        if self._tensorboard is not None:
+            self._tensorboard.put(step, mode, values, None)
+
     def first_step(self, facts) -> None:
         """What the plugin saw of the training at its first step (tripwire.core.firststep.FirstStep): stored in the
         run once, and handed to the rules that judge the setup."""
