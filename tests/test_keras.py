@@ -82,7 +82,7 @@ def test_the_loss_keras_logs_is_stored_at_every_step_and_the_rules_read_the_samp
     """Keras hands its logged loss over at every step: with config=None (every 100 steps) a run of 430 steps
     stores 430 points of it as metrics/loss, while losses/train, which the rules read, keeps its schedule."""
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
-    history = fit(cb, epochs=10).history
+    history = fit(cb, epochs=10).history.history
     run = tripwire.open_run(cb.run_url)
     steps, values = run.tensor("metrics/loss").series()
     assert steps.tolist() == list(range(430))
