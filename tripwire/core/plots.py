@@ -94,6 +94,10 @@ def mark_groups(marks, lo: float, hi: float, position=lambda step: step) -> list
     return out
 
 
+def _marked_steps(marks: Marks | None) -> set:
+    return {s for s, _ in marks.verdicts} | ({marks.nonfinite} - {None}) if marks is not None else set()
+
+
 def _mark(ax, marks: Marks | None, position=lambda step: step) -> None:
     """Verdicts as dotted lines with their labels (rotated, from the bottom), the first NaN/Inf loss as a red
     dashed line labelled at the top, on one axis whose x limits are final."""
@@ -139,7 +143,7 @@ def curves(panels: list, marks: Marks | None = None, ncols: int = 2) -> Figure:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if (len(lines) > 1 or broken) and len(lines) <= MAX_LEGEND:
-            ax.legend(fontsize=7, loc="lower left" if marks is not None and marks.nonfinite is not None else "best")
+            ax.legend(fontsize=7)  # "best" keeps clear of the lines and of the marks' labels
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     return fig
@@ -155,13 +159,16 @@ def heatmap(title: str, layers: list, steps: np.ndarray, matrix: np.ndarray, cap
     column on an axis of ±0.5); more are drawn on a true step axis, cells halfway between sampled steps."""
     fig = figure(1.6 + 0.22 * len(layers))
     ax = fig.subplots()
+    steps = np.asarray(steps)
+    marked = _marked_steps(marks)
+    few = len(set(steps.tolist()) | marked) <= FEW_STEPS
+    if few and marked - set(steps.tolist()):  # a column for each marked step too, blank where nothing was taken
+        steps, matrix, captured = _widened(steps, matrix, captured, marked)
     nonfinite = captured & ~np.isfinite(matrix)
     shown = np.where(captured & np.isfinite(matrix), matrix, np.nan)
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             shown = np.where(shown > 0, np.log10(shown), np.nan)
-    steps = np.asarray(steps)
-    few = len(steps) <= FEW_STEPS
     x, y = (np.arange(len(steps) + 1) if few else _edges(steps)), np.arange(len(layers) + 1)
     finite = shown[np.isfinite(shown)]
     # one value (a single step, or a constant) would make a colour scale of ±0.5 around it: widen it by 1%
@@ -184,6 +191,16 @@ def heatmap(title: str, layers: list, steps: np.ndarray, matrix: np.ndarray, cap
     ax.set_xlabel("step")
     ax.set_title(title, fontsize=10)
     return fig
+
+
+def _widened(steps: np.ndarray, matrix: np.ndarray, captured: np.ndarray, more: set):
+    """The heatmap with a blank column (not captured) at each of these further steps."""
+    wide = np.array(sorted(set(steps.tolist()) | more), dtype=steps.dtype)
+    columns = np.searchsorted(wide, steps)
+    out = np.full((matrix.shape[0], len(wide)), np.nan)
+    taken = np.zeros(out.shape, dtype=bool)
+    out[:, columns], taken[:, columns] = matrix, captured
+    return wide, out, taken
 
 
 def _edges(steps: np.ndarray) -> np.ndarray:
@@ -252,9 +269,10 @@ def bands(title: str, layers: list, ncols: int = 2, marks: Marks | None = None) 
         if bad.size:
             ax.plot(bad, np.ones(bad.size), "x", color="red", markersize=7, transform=ax.get_xaxis_transform(),
                     clip_on=False, label="NaN/Inf")
-        if few:
-            ax.set_xticks(steps)
-            ax.set_xlim(steps.min() - 0.5, steps.max() + 0.5)
+        if few:  # the steps and the marked ones, each a tick
+            shown = sorted(set(steps.tolist()) | _marked_steps(marks))
+            ax.set_xticks(shown)
+            ax.set_xlim(shown[0] - 0.5, shown[-1] + 0.5)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _mark(ax, marks)
