@@ -157,7 +157,7 @@ def heatmap(title: str, layers: list, steps: np.ndarray, matrix: np.ndarray, cap
     """Layers (rows) over steps (columns). Cells not captured stay blank; captured NaN/Inf cells are magenta.
     A few steps get a column each, labelled with its step (a true step axis would draw them as slivers, or one
     column on an axis of ±0.5); more are drawn on a true step axis, cells halfway between sampled steps."""
-    fig = figure(1.6 + 0.22 * len(layers))
+    fig = figure(max(2.6, 1.6 + 0.22 * len(layers)))  # room for a verdict's label under the NaN loss's label
     ax = fig.subplots()
     steps = np.asarray(steps)
     marked = _marked_steps(marks)
