@@ -46,8 +46,8 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
     a, b = tripwire.open_run(lightning.run_url), tripwire.open_run(keras_cb.run_url)
 
     assert a.collections() == b.collections() and a.modes() == b.modes() == ["eval", "train"]
+    assert a.steps() == b.steps() == list(range(0, 43, 2)) and a.steps(mode="eval") == b.steps(mode="eval") == [43]
     # every step holds the loss: Lightning's returned loss (losses/train), the loss Keras logs (metrics/loss)
-    assert a.steps() == b.steps() == list(range(43)) and a.steps(mode="eval") == b.steps(mode="eval") == [43]
     assert a.tensor("losses/train").steps() == list(range(43))
     assert b.tensor("losses/train").steps() == list(range(0, 43, 2)) and b.tensor("metrics/loss").steps() == \
         list(range(43))
@@ -87,7 +87,8 @@ def test_the_loss_keras_logs_is_stored_at_every_step_and_the_rules_read_the_samp
     steps, values = run.tensor("metrics/loss").series()
     assert steps.tolist() == list(range(430))
     assert np.isclose(values[42], history["loss"][0], rtol=1e-5)  # an epoch's last step: the epoch's loss
-    assert run.tensor("losses/train").steps() == [0, 100, 200, 300, 400]
+    assert run.tensor("losses/train").steps() == [0, 100, 200, 300, 400] and run.steps() == [*range(10), 100, 200,
+                                                                                              300, 400]
 
 
 def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_path):

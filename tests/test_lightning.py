@@ -10,6 +10,7 @@ import torch
 
 import helpers
 import tripwire
+from tripwire.core.evaluate import check
 from tripwire.plugins.lightning import TripwireCallback
 
 
@@ -54,7 +55,7 @@ def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
     run = tripwire.open_run(cb.run_url)
     assert trainer.global_step == 3 * 43 and [v for v in run.verdicts() if v.counts] == []
     # every 100 steps; poor_weight_initialization adds the weights' spread in the first 10 steps
-    assert run.info["status"] == "finished" and run.steps() == list(range(3 * 43))  # the loss: every step
+    assert run.info["status"] == "finished" and run.steps() == [*range(10), 100]
     weight = run.tensor("weights/net.0.weight")
     assert weight.steps() == [*range(10), 100] and run.tensor("gradients/net.0.weight").steps() == [0, 100]
     # steps 1-9 are sampled for poor_weight_initialization and 1-4 for learning_rate alone: they take those rules'
@@ -164,7 +165,7 @@ def test_between_samples_lightning_does_not_call_the_callback(tmp_path, accumula
     assert trainer.global_step == 23
     run = tripwire.open_run(cb.run_url)
     assert run.tensor("gradients/net.0.weight").steps() == [0, 5, 10, 15, 20]
-    assert run.tensor("losses/train").steps() == run.steps() == list(range(23))  # the returned loss: every step
+    assert run.steps() == [0, 5, 10, 15, 20] and run.tensor("losses/train").steps() == list(range(23))
     # called at each sampled step's batches and at the first batch after them, to see that it is not sampled
     assert sorted(set(calls)) == [0, 1, 5, 6, 10, 11, 15, 16, 20, 21]
     assert len(calls) == 5 * (accumulate + 1)
@@ -190,6 +191,11 @@ def test_the_loss_of_every_step_is_stored_and_the_rules_read_the_sampled_steps(t
     steps, values = tripwire.open_run(cb.run_url).tensor("losses/train").series()
     assert steps.tolist() == list(range(45)) and np.allclose(values, [returned[s] for s in range(45)], rtol=1e-6)
     assert [v.message for v in cb.verdicts] == ["steps 0 10 20 30 40"]
+    # offline (and in the side process) the rules read the same steps: the sampled ones, the run's rows
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == [0, 10, 20, 30, 40]
+    checked = check(run, {"rules": [{"rule": "custom_rules:LossSteps", "params": {"at": 40}}]})
+    assert [v.message for v in checked if v.fired] == ["steps 0 10 20 30 40"]
 
 
 def test_pytorch_lightning_trainer_gets_a_callback_of_its_kind(tmp_path):
@@ -278,7 +284,7 @@ def test_resume_from_checkpoint_appends_to_the_same_run(tmp_path):
                 enable_checkpointing=True, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert second.run_url == first.run_url
     run = tripwire.open_run(first.run_url)
-    assert run.steps() == run.tensor("losses/train").steps() == list(range(86))  # both fits, every step
+    assert run.steps() == list(range(0, 86, 10)) and run.tensor("losses/train").steps() == list(range(86))
 
 
 def test_bad_config_fails_before_training(tmp_path):

@@ -270,13 +270,14 @@ class Recorder:
 
     def scalars(self, step: int, mode: str, values: dict) -> None:
         """Scalars the framework hands over at a step whether or not it is sampled ({name: {"value": float}}: a
-        loss Keras logs, the loss a Lightning step returned): stored, so that a series has every step, and not
-        judged, so that the rules read what their thresholds were set on (the sampled steps). One queued sample,
-        no I/O, no rule."""
+        loss Keras logs, the loss a Lightning step returned): stored in their series, so that a series has every
+        step, but as no row of the run (run.steps() lists the sampled steps) and not judged, so that the rules
+        read what their thresholds were set on, the sampled steps, here, in the side process and offline alike
+        (View.at). One queued sample, no I/O, no rule."""
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         if self.writer is None or not values:
             return
-        self.writer.put(Sample(step, mode, values))
+        self.writer.put(Sample(step, mode, values, row=False))
         if self._tensorboard is not None:
             self._tensorboard.put(step, mode, values, None)
 
