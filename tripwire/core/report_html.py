@@ -117,8 +117,8 @@ def _data_sections(plots, run, marks, steps) -> list:
     distributions and classification; nothing is shown for what was not captured."""
     held = set(run.collections())
     candidates = [
-        ("curves", "Loss and metrics", bool(_lines(run, per_set=False)), lambda: _curves(plots, run, marks)),
-        ("eval_metrics", "Eval metrics per set", bool(_lines(run, per_set=True)),
+        ("curves", "Loss and metrics", bool(_scalars(run, per_set=False)), lambda: _curves(plots, run, marks)),
+        ("eval_metrics", "Eval metrics per set", bool(_scalars(run, per_set=True)),
          lambda: _eval_metrics(plots, run, marks)),
         ("importance", "Feature importance over rounds", "feature_importance" in held,
          lambda: _importance(plots, run, marks)),
@@ -220,20 +220,19 @@ def _verdicts(verdicts: list, info: dict) -> list:
             "</th><th>hint</th></tr>" + "".join(rows) + "</table>"]
 
 
+def _scalars(run, per_set: bool) -> list:
+    """(name, mode) of the scalar series the curves draw: losses, metrics, optimizer state; with `per_set`, only
+    the metrics of an XGBoost eval set (`metrics/<set>/<metric>`, drawn per metric), else all the others."""
+    booster = run.info.get("framework") == "xgboost"
+    return [(name, mode) for mode in run.modes() for name in run.tensor_names(mode=mode)
+            if collection_of(name) in ("losses", "metrics", "optimizer")
+            and (booster and collection_of(name) == "metrics" and "/" in path_of(name)) == per_set
+            and VALUE in run.tensor(name).reductions(mode=mode)]
+
+
 def _lines(run, per_set: bool) -> list:
-    """(name, mode, steps, values) of the scalar series the curves draw: losses, metrics, optimizer state; with
-    `per_set`, only the metrics of an eval set (XGBoost's `metrics/<set>/<metric>`), else all the others."""
-    out = []
-    for mode in run.modes():
-        for name in run.tensor_names(mode=mode):
-            collection = collection_of(name)
-            if collection not in ("losses", "metrics", "optimizer") or \
-                    (collection == "metrics" and "/" in path_of(name)) != per_set:
-                continue
-            tensor = run.tensor(name)
-            if VALUE in tensor.reductions(mode=mode):
-                out.append((name, mode, *tensor.series(VALUE, mode=mode)))
-    return out
+    """(name, mode, steps, values) of the series `_scalars` names."""
+    return [(name, mode, *run.tensor(name).series(VALUE, mode=mode)) for name, mode in _scalars(run, per_set)]
 
 
 def _curves(plots, run, marks) -> list:
