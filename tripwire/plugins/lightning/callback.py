@@ -100,7 +100,6 @@ class TripwireCallback(*_callback_bases()):
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
-        self._loss_scale = 1  # what Lightning divided the loss it returns by (accumulate_grad_batches)
         self._loss = None  # the loss the optimizer's closure returned at this step, until judged
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
@@ -153,8 +152,11 @@ class TripwireCallback(*_callback_bases()):
         self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget)
         self._plan = self._recorder.plan
         self._alive = self._recorder.alive if self._recorder.clock else None
-        self._loss_watch.keep = "losses" in self._plan
-        self._loss_scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        # a step's closure returns the step's loss where a step is one batch: with gradient accumulation it is the
+        # last micro-batch's alone (the sampled steps record the mean of them all), with manual optimisation
+        # whatever the user's closure returns
+        self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
+            trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
 
     def _store_losses(self) -> None:
@@ -162,11 +164,10 @@ class TripwireCallback(*_callback_bases()):
         judged (Recorder.scalars), so the rules read the sampled steps as before and a NaN is judged as before
         (check_loss; the non-finite losses are left out here). The loss tensors are kept as references and read
         here, in one copy per sampled step (or per KEPT_LOSSES steps): an unsampled step never waits for the
-        device. Lightning divides the loss by the micro-batches it accumulates; that is undone, as on sampled
-        steps (with accumulation, the step's last micro-batch's loss)."""
+        device."""
         if not self._loss_watch.kept:
             return
-        kept = self._loss_watch.drain(self._loss_scale)
+        kept = self._loss_watch.drain()
         if self._recorder is not None:
             for step, value in kept:
                 if math.isfinite(value):

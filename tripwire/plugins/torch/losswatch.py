@@ -22,8 +22,8 @@ class LossWatch:
         self.keep = keep
         self.kept: list = []  # (step, loss) seen since the last drain()
 
-    def drain(self, scale: float = 1.0) -> list[tuple[int, float]]:
-        """(step, loss × scale) of the losses kept since the last call, read in one device-to-host copy: called
+    def drain(self) -> list[tuple[int, float]]:
+        """(step, loss) of the losses kept since the last call, read in one device-to-host copy: called
         at a sampled step, which waits for the device anyway, so the steps between samples never do. A loss of
         several values counts as their mean."""
         kept, self.kept = self.kept, []
@@ -33,7 +33,7 @@ class LossWatch:
         if tensors:
             values = torch.stack([loss.float().mean() for _, loss in tensors]).cpu().tolist()
             numbers += [(step, value) for (step, _), value in zip(tensors, values)]
-        return sorted((step, value * scale) for step, value in numbers)
+        return sorted(numbers)
 
     def see(self, step: int, loss) -> tuple[int, float] | None:
         """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an
