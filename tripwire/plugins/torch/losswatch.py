@@ -27,13 +27,10 @@ class LossWatch:
         at a sampled step, which waits for the device anyway, so the steps between samples never do. A loss of
         several values counts as their mean."""
         kept, self.kept = self.kept, []
-        tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
-        numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept
-                   if not isinstance(loss, torch.Tensor)]
-        if tensors:
-            values = torch.stack([loss.float().mean() for _, loss in tensors]).cpu().tolist()
-            numbers += [(step, value) for (step, _), value in zip(tensors, values)]
-        return sorted(numbers)
+        try:
+            return _read(kept)
+        except Exception:  # noqa: BLE001 - a loss tripwire cannot read (meta, quantized) must not stop training
+            return []
 
     def see(self, step: int, loss) -> tuple[int, float] | None:
         """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an
@@ -86,3 +83,14 @@ def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:
     if bool(torch.isfinite(loss).all()):  # a loss per sample (reduction "none")
         return None
     return step, float(loss.float().mean())
+
+
+def _read(kept: list) -> list[tuple[int, float]]:
+    """(step, value) of kept losses: the tensors in one copy to the host."""
+    tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
+    numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept
+               if not isinstance(loss, torch.Tensor)]
+    if tensors:
+        values = torch.stack([loss.float().mean() for _, loss in tensors]).cpu().tolist()
+        numbers += [(step, value) for (step, _), value in zip(tensors, values)]
+    return sorted(numbers)
