@@ -306,7 +306,8 @@ def faulty_module():
 
 
 NETWORK_SECTIONS = ("Layers over steps", "Weight and gradient distributions")
-BOOSTER_SECTIONS = ("Eval metrics per set", "Feature importance over rounds", "Trees over rounds: depth, leaves, splits")
+BOOSTER_SECTIONS = ("Eval metrics per set", "Feature importance over rounds",
+                    "Trees over rounds: depth, leaves, splits")
 
 
 def browse(report, tmp_path, name: str) -> dict:
