@@ -73,3 +73,23 @@ class OnRank(Rule):
         if rank == self.rank and step >= self.start:
             return self.fire(step, f"rank {rank} decided at step {step}", rank=rank)
         return None
+
+
+@dataclass
+class LossSteps(Rule):
+    """Fires once, at step `at`, saying the steps of losses/train it was handed: what a rule reads in-process."""
+
+    at: int = 0
+
+    name = "loss_steps"
+    history = 64  # samples kept for it in memory
+    condition = "the step is `at`"
+    hint = "A test rule."
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        if step == self.at:
+            return self.fire(step, "steps " + " ".join(map(str, run.tensor("losses/train").steps())))
+        return None

@@ -47,6 +47,10 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
 
     assert a.collections() == b.collections() and a.modes() == b.modes() == ["eval", "train"]
     assert a.steps() == b.steps() == list(range(0, 43, 2)) and a.steps(mode="eval") == b.steps(mode="eval") == [43]
+    # every step holds the loss: Lightning's returned loss (losses/train), the loss Keras logs (metrics/loss)
+    assert a.tensor("losses/train").steps() == list(range(43))
+    assert b.tensor("losses/train").steps() == list(range(0, 43, 2)) and b.tensor("metrics/loss").steps() == \
+        list(range(43))
     for collection in a.collections():
         reductions = {frozenset(run.tensor(n).reductions(mode=m)) for run in (a, b) for m in run.modes()
                       for n in run.tensor_names(collection, mode=m)}
@@ -56,7 +60,8 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
     assert [n.split("/", 1)[1] for n in a.tensor_names("optimizer")] == \
         [n.split("/", 1)[1] for n in b.tensor_names("optimizer")] == ["lr", "momentum", "weight_decay"]
     assert a.tensor_names("losses") == b.tensor_names("losses") == ["losses/train"]
-    assert a.tensor_names("metrics") == b.tensor_names("metrics") == ["metrics/val_loss"]
+    assert a.tensor_names("metrics") == ["metrics/val_loss"] and b.tensor_names("metrics") == ["metrics/loss",
+                                                                                            "metrics/val_loss"]
 
     verdicts = [{v.rule: v for v in run.verdicts()} for run in (a, b)]
     assert verdicts[0].keys() == verdicts[1].keys() >= {"loss_not_decreasing"}
@@ -71,6 +76,19 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
              for c in checks]
     first = [{line.split("]")[0]: line for line in reversed(text.splitlines()) if line.startswith("[")} for text in shape]
     assert first[0] == first[1]  # each rule's first verdict: the same words, tensors and numbers aside
+
+
+def test_the_loss_keras_logs_is_stored_at_every_step_and_the_rules_read_the_sampled_steps(tmp_path):
+    """Keras hands its logged loss over at every step: with config=None (every 100 steps) a run of 430 steps
+    stores 430 points of it as metrics/loss, while losses/train, which the rules read, keeps its schedule."""
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    history = fit(cb, epochs=10).history.history
+    run = tripwire.open_run(cb.run_url)
+    steps, values = run.tensor("metrics/loss").series()
+    assert steps.tolist() == list(range(430))
+    assert np.isclose(values[42], history["loss"][0], rtol=1e-5)  # an epoch's last step: the epoch's loss
+    assert run.tensor("losses/train").steps() == [0, 100, 200, 300, 400] and run.steps() == [*range(10), 100, 200,
+                                                                                              300, 400]
 
 
 def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_path):

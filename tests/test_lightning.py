@@ -10,6 +10,7 @@ import torch
 
 import helpers
 import tripwire
+from tripwire.core.evaluate import check
 from tripwire.plugins.lightning import TripwireCallback
 
 
@@ -163,10 +164,41 @@ def test_between_samples_lightning_does_not_call_the_callback(tmp_path, accumula
     trainer = helpers.fit(cb, max_steps=23, accumulate_grad_batches=accumulate)
     assert trainer.global_step == 23
     run = tripwire.open_run(cb.run_url)
-    assert run.steps() == [0, 5, 10, 15, 20] and run.tensor("gradients/net.0.weight").steps() == run.steps()
+    assert run.tensor("gradients/net.0.weight").steps() == [0, 5, 10, 15, 20]
+    # the loss of every step where a step is one batch; with accumulation, of the sampled steps (the mean of their
+    # micro-batches: the loss a step returns is its last micro-batch's alone)
+    assert run.steps() == [0, 5, 10, 15, 20]
+    assert run.tensor("losses/train").steps() == (list(range(23)) if accumulate == 1 else run.steps())
     # called at each sampled step's batches and at the first batch after them, to see that it is not sampled
     assert sorted(set(calls)) == [0, 1, 5, 6, 10, 11, 15, 16, 20, 21]
     assert len(calls) == 5 * (accumulate + 1)
+
+
+def test_the_loss_of_every_step_is_stored_and_the_rules_read_the_sampled_steps(tmp_path):
+    """The loss each training step returns is stored at every step (read once per sampled step, so the steps
+    between never wait for the device), equal to the loss Lightning hands its callbacks; the rules judge the
+    sampled steps alone, as before."""
+    import lightning.pytorch as pl
+
+    returned = {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            returned[trainer.global_step - 1] = float(outputs["loss"])
+
+    # a rule that says, at step 40, which steps of the loss it reads
+    cb = TripwireCallback({"sampling": {"every": 10}, "collections": {"losses": {}},
+                           "rules": [{"rule": "custom_rules:LossSteps", "params": {"at": 40}}]},
+                          out_dir=tmp_path / "run")
+    helpers.fit(None, max_steps=45, callbacks=[cb, Spy()])
+    steps, values = tripwire.open_run(cb.run_url).tensor("losses/train").series()
+    assert steps.tolist() == list(range(45)) and np.allclose(values, [returned[s] for s in range(45)], rtol=1e-6)
+    assert [v.message for v in cb.verdicts] == ["steps 0 10 20 30 40"]
+    # offline (and in the side process) the rules read the same steps: the sampled ones, the run's rows
+    run = tripwire.open_run(cb.run_url)
+    assert run.steps() == [0, 10, 20, 30, 40]
+    checked = check(run, {"rules": [{"rule": "custom_rules:LossSteps", "params": {"at": 40}}]})
+    assert [v.message for v in checked if v.fired] == ["steps 0 10 20 30 40"]
 
 
 def test_pytorch_lightning_trainer_gets_a_callback_of_its_kind(tmp_path):
@@ -254,7 +286,8 @@ def test_resume_from_checkpoint_appends_to_the_same_run(tmp_path):
     helpers.fit(second, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt2")],
                 enable_checkpointing=True, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert second.run_url == first.run_url
-    assert tripwire.open_run(first.run_url).steps() == list(range(0, 86, 10))
+    run = tripwire.open_run(first.run_url)
+    assert run.steps() == list(range(0, 86, 10)) and run.tensor("losses/train").steps() == list(range(86))
 
 
 def test_bad_config_fails_before_training(tmp_path):

@@ -138,15 +138,44 @@ def test_report_holds_every_section(tmp_path):
     assert f"ROC AUC <b>{metrics.roc_auc_score(y, score):.4f}</b>" in page
 
 
-def test_sections_without_data_become_one_line_notes(tmp_path):
+def test_sections_without_data_are_left_out(tmp_path):
     run = synthetic_run(str(tmp_path / "run"), steps=5, only_losses=True)
     out = tmp_path / "out" / "r.html"
     assert report_html.write_report(run, str(out)) == str(out)
     page = out.read_text()
     assert page.count("data:image/png;base64,") == 1  # the loss curve
-    for note in ("gradient L2 norm: not captured", "activation zero fraction: not captured",
-                 "weights: not captured", "no labels and predictions saved", "no verdicts: no rule fired"):
-        assert note in page, note
+    assert re.findall(r"<h2>(.*?)</h2>", page) == ["Summary", "Diagnosis", "Verdicts", "Loss and metrics"]
+    assert "not captured" not in page and "no verdicts: no rule fired" in page
+
+
+def test_verdict_labels_never_overlap_and_the_first_nan_loss_is_marked_on_every_plot():
+    """Five verdicts at step 0 and more at the next steps of a short run: labels closer than a label's width
+    become one ('5 verdicts'), and no two labels drawn overlap; the first NaN loss is a labelled line on every
+    plot over steps, heatmaps and weight bands included."""
+    from tripwire.core import plots
+
+    rules = ["exploding_tensor", "vanishing_gradient", "dead_relu", "tensor_variance", "weight_update_ratio"]
+    marks = plots.Marks(tuple((0, r) for r in rules) + ((1, "overfit"), (5, "loss_not_decreasing")), nonfinite=5)
+    steps = np.arange(6)
+    figures = [plots.curves([("loss", [("losses/train", steps, [1, 2, 4, 8, 16, np.nan])])], marks),
+               plots.heatmap("weight L2 norm", ["a", "b"], np.array([0]), np.ones((2, 1)), np.ones((2, 1), bool),
+                             "L2 norm", True, marks),
+               plots.bands("weights", [("a", np.array([0]), {"min": [-1.0], "max": [1.0], "mean": [0.0]})],
+                           marks=marks)]
+    for fig in figures:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        texts = [t for ax in fig.axes for t in ax.texts]
+        labels = [t.get_text() for t in texts]
+        assert "loss NaN/Inf from step 5" in labels, labels
+        assert "5 verdicts" in labels or "6 verdicts, steps 0-1" in labels, labels
+        assert not set(rules) & set(labels)  # none of the five drawn on its own
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), (labels, boxes)
+    assert plots.mark_groups([(0, "a"), (0, "a"), (50, "b"), (100, "c")], 0, 100) == \
+        [(0, "a"), (50, "b"), (100, "c")]
 
 
 def test_the_report_action_builds_off_the_training_thread(monkeypatch):
@@ -276,10 +305,30 @@ def faulty_module():
     return module
 
 
-def test_faulty_lightning_run_report_renders_in_chromium(tmp_path):
+NETWORK_SECTIONS = ("Layers over steps", "Weight and gradient distributions")
+BOOSTER_SECTIONS = ("Eval metrics per set", "Feature importance over rounds",
+                    "Trees over rounds: depth, leaves, splits")
+
+
+def browse(report, tmp_path, name: str) -> dict:
+    """The report as headless Chromium shows it (skipped where Chromium is missing), with a screenshot kept under
+    TRIPWIRE_TEST_ARTIFACTS; it loads without errors and every image draws."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed: `apt-get install chromium` (.ci/run installs it)")
     pytest.importorskip("aiohttp", reason="the DevTools client needs aiohttp (installed with s3fs)")
+    artifacts = os.environ.get("TRIPWIRE_TEST_ARTIFACTS", str(tmp_path))
+    screenshot = os.path.join(artifacts, f"report-{name}.png")
+    page = asyncio.run(render(report, screenshot, tmp_path / "chromium"))
+    assert page["errors"] == [] and page["broken"] == 0
+    with open(screenshot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "not captured" not in page["text"]
+    return page
+
+
+def test_faulty_lightning_run_report_renders_in_chromium(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed: `apt-get install chromium` (.ci/run installs it)")
     from tripwire.plugins.lightning import TripwireCallback
 
     config = {**FULL, "sampling": {"every": 2}}
@@ -287,20 +336,52 @@ def test_faulty_lightning_run_report_renders_in_chromium(tmp_path):
     helpers.fit(cb, faulty_module(), max_epochs=2)
     verdict = next(v for v in cb.verdicts if v.fired)
     assert verdict.rule == "exploding_tensor"
-    report = tmp_path / "run" / "report.html"
+    run = tripwire.open_run(cb.run_url)
+    steps, losses = run.tensor("losses/train").series()
+    assert steps.tolist() == list(range(steps[-1] + 1))  # the loss of every step, not only the sampled ones
+    nan_step = int(steps[~np.isfinite(losses)][0])
 
-    artifacts = os.environ.get("TRIPWIRE_TEST_ARTIFACTS", str(tmp_path))
-    screenshot = os.path.join(artifacts, "report.png")
-    page = asyncio.run(render(report, screenshot, tmp_path / "chromium"))
-    assert page["errors"] == []
+    page = browse(tmp_path / "run" / "report.html", tmp_path, "lightning")
     assert "exploding_tensor" in page["text"] and verdict.message in page["text"]
     assert "lower the learning rate" in page["text"]  # the hint
-    assert page["images"] >= 10 and page["broken"] == 0
-    for heading in ("Summary", "Verdicts", "Loss and metrics", "Layers over steps",
-                    "Weight and gradient distributions", "Classification"):
-        assert heading in page["headings"]
-    with open(screenshot, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert f"loss NaN/Inf from step {nan_step}" in page["text"]  # under the curves, and drawn on every plot
+    assert f"step {verdict.step}: exploding_tensor" in page["text"]  # the verdicts the plots mark, by step
+    assert page["images"] >= 10
+    assert page["headings"] == ["Summary", "Diagnosis", "Verdicts", "Loss and metrics", *NETWORK_SECTIONS,
+                                "Classification"]
+
+
+def test_keras_run_report_renders_in_chromium_with_the_loss_of_every_step(tmp_path):
+    from keras_models import fit
+    from tripwire.plugins.keras import TripwireCallback
+
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    fit(cb, epochs=2)
+    run = tripwire.open_run(cb.run_url)
+    assert run.tensor("metrics/loss").steps() == list(range(86))
+    report_html.write_report(run, str(tmp_path / "report.html"))
+    page = browse(tmp_path / "report.html", tmp_path, "keras")
+    assert page["headings"] == ["Summary", "Diagnosis", "Verdicts", "Loss and metrics", *NETWORK_SECTIONS]
+    assert "metrics/loss" in page["text"] and "NaN/Inf" not in page["text"]
+
+
+def test_xgboost_run_report_renders_in_chromium_with_the_sections_of_a_booster(tmp_path):
+    import xgboost as xgb
+    from sklearn.datasets import make_classification
+    from tripwire.plugins.xgboost import TripwireCallback
+
+    x, y = make_classification(n_samples=600, n_features=20, n_informative=5, flip_y=0.2, random_state=0)
+    cb = TripwireCallback({"collections": {"trees": {}, "feature_importance": {}, "metrics": {}, "losses": {}},
+                           "sampling": {"every": 10}, "rules": ["overfit"]}, out_dir=tmp_path / "run")
+    model = xgb.XGBClassifier(n_estimators=60, max_depth=6, n_jobs=1, callbacks=[cb])
+    model.fit(x[:400], y[:400], eval_set=[(x[:400], y[:400]), (x[400:], y[400:])], verbose=False)
+    verdict = next(v for v in cb.verdicts if v.fired)
+    run = tripwire.open_run(cb.run_url)
+    report_html.write_report(run, str(tmp_path / "report.html"))
+    page = browse(tmp_path / "report.html", tmp_path, "xgboost")
+    assert page["headings"] == ["Summary", "Diagnosis", "Verdicts", "Loss and metrics", *BOOSTER_SECTIONS]
+    assert page["images"] == 4 and f"step {verdict.step}: overfit" in page["text"]
+    assert "metrics/validation_1/logloss" in page["text"]  # the summary's collections
 
 
 async def render(path, screenshot, profile) -> dict:

@@ -99,6 +99,22 @@ def test_deep_trees_on_a_small_dataset_fire_overfit_and_tree_depth(tmp_path):
     assert run.info["status"] == "finished"
 
 
+def test_the_whole_eval_log_is_stored_every_round_with_the_default_config(tmp_path):
+    """XGBoost hands the whole eval log to every call: with config=None (sampling every 100 rounds) an 87-round
+    classifier still stores each of its 87 rounds, for every metric of every eval set, and the training loss."""
+    x, y = noisy()
+    model = xgb.XGBClassifier(n_estimators=87, max_depth=3, n_jobs=1, eval_metric=["logloss", "error"],
+                              callbacks=[TripwireCallback(None, out_dir=tmp_path / "run")])
+    model.fit(x[:400], y[:400], eval_set=[(x[:400], y[:400]), (x[400:], y[400:])], verbose=False)
+    run = tripwire.open_run(tmp_path / "run")
+    logged = model.evals_result()
+    for data in ("validation_0", "validation_1"):
+        for metric in ("logloss", "error"):
+            steps, values = run.tensor(f"metrics/{data}/{metric}").series()
+            assert steps.tolist() == list(range(87)) and np.allclose(values, logged[data][metric])
+    assert run.tensor("losses/train").steps() == list(range(87))
+
+
 def test_a_leaking_feature_fires_feature_importance_overweight(tmp_path):
     x, y = leaking()
     _, cb, _ = train(x, y, {"objective": "binary:logistic", "max_depth": 3}, 20, 700, out_dir=tmp_path / "leak")

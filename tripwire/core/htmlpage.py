@@ -47,7 +47,9 @@ img.plot{max-width:100%;height:auto;display:block;margin:8px 0}
 .badge.failed,.badge.crashed{background:#ffd6d6;color:#8a1010} .badge.running{background:#d6e8ff;color:#0b4a8a}
 footer{color:#888;font-size:12px;text-align:center;margin:20px}
 div.diagnosis{border-left:4px solid #c33;padding:4px 12px;margin:8px 0} div.diagnosis.warning{border-color:#d90}
-div.diagnosis.info{border-color:#69c} div.diagnosis h3{font-size:15px;margin:2px 0} div.diagnosis p{margin:3px 0}
+div.diagnosis.info{border-color:#69c} p.marks{color:#555;font-size:12px;margin:0 0 8px}
+span.nonfinite{color:#d62728;font-weight:600}
+div.diagnosis h3{font-size:15px;margin:2px 0} div.diagnosis p{margin:3px 0}
 """
 
 

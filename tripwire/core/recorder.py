@@ -248,11 +248,14 @@ class Recorder:
         """Store one sample ({name: {reduction: float}}, {name: array}) and evaluate the rules on it.
 
         loss: the step's training loss, where the sample does not hold it (a step sampled for other collections):
-        a NaN or Inf one joins the sample, as an unsampled step's does (check_loss)."""
+        a NaN or Inf one joins the sample, as an unsampled step's does (check_loss); a finite one is stored
+        beside it, not judged, as the loss of the steps between samples is (scalars)."""
         if loss is not None and "losses/train" not in values:
             value = self._first_nonfinite(loss)
             if value is not None:
                 values = {**values, "losses/train": {"value": value}}
+            else:
+                self._store_loss(step, mode, loss)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         if self._budget is not None and self._budget.left_out:
@@ -271,6 +274,31 @@ class Recorder:
             self.writer.put_verdict(verdict)
             decision.merge(self._act(verdict))
         return decision
+
+    def scalars(self, step: int, mode: str, values: dict) -> None:
+        """Scalars the framework hands over at a step whether or not it is sampled ({name: {"value": float}}: a
+        loss Keras logs, the loss a Lightning step returned): stored in their series, so that a series has every
+        step, but as no row of the run (run.steps() lists the sampled steps) and not judged, so that the rules
+        read what their thresholds were set on, the sampled steps, here, in the side process and offline alike
+        (View.at). One queued sample, no I/O, no rule."""
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        if self.writer is None or not values:
+            return
+        self.writer.put(Sample(step, mode, values, row=False))
+        if self._tensorboard is not None:
+            self._tensorboard.put(step, mode, values, None)
+
+    def _store_loss(self, step: int, mode: str, loss) -> None:
+        """A finite loss of a step whose sample does not hold it, stored (scalars) where the config captures
+        losses."""
+        if "losses" not in self.plan.collections:
+            return
+        try:
+            value = float(loss)
+        except (TypeError, ValueError, RuntimeError, NotImplementedError):  # None, not one number, several
+            return
+        if math.isfinite(value):
+            self.scalars(step, mode, {"losses/train": {"value": value}})
 
     def first_step(self, facts) -> None:
         """What the plugin saw of the training at its first step (tripwire.core.firststep.FirstStep): stored in the

@@ -1,8 +1,11 @@
 """`tripwire report`: one self-contained HTML file per run (the index over a folder of runs: report_index.py).
 
 The file needs nothing but a browser: styles are inline, plots are inline
-PNGs (see plots.py), and there is no script. A section the run has no data
-for is replaced by a one-line note that says what to capture to get it. The
+PNGs (see plots.py), and there is no script. The sections are those of the
+data the run holds (an XGBoost run: feature importance, trees, eval metrics
+per set; a neural network: layers, distributions, classification), none for
+what was not captured. Every plot over steps marks the fired verdicts and the
+step of the first NaN/Inf loss. The
 `report` action builds the same file from the training process, in a
 background thread (`BackgroundReport`), because drawing takes seconds.
 """
@@ -83,13 +86,12 @@ def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
 
     verdicts = sorted(run.verdicts() if verdicts is None else verdicts, key=lambda v: (v.step, v.time))
     info = run.info
+    marks = plots.Marks(tuple(dict.fromkeys((v.step, v.rule) for v in verdicts if v.fired))[:MAX_MARKS],
+                        first_nonfinite_loss(run))
     sections = [("summary", "Summary", lambda: _summary(run, info, verdicts)),
                 ("diagnosis", "Diagnosis", lambda: _diagnoses(verdicts)),
                 ("verdicts", "Verdicts", lambda: _verdicts(verdicts, info)),
-                ("curves", "Loss and metrics", lambda: _curves(plots, run, verdicts)),
-                ("layers", "Layers over steps", lambda: _heatmaps(plots, run)),
-                ("distributions", "Weight and gradient distributions", lambda: _distributions(plots, run, steps)),
-                ("classification", "Classification", lambda: _classification(plots, run))]
+                *_data_sections(plots, run, marks, steps)]
     parts = []
     with Progress(len(sections) if progress else 0, "report") as bar:
         for anchor, title, make in sections:
@@ -107,6 +109,43 @@ def build_report(run, verdicts=None, progress: bool = False, steps=None) -> str:
             f'<p class="sub">{escape(run.url)} · {counted} finding(s) at warning or error, {info_only} at info</p>'
             f"<nav>{nav}</nav>")
     return page(f"tripwire report: {info.get('run_id') or run.url}", head, "".join(parts))
+
+
+def _data_sections(plots, run, marks, steps) -> list:
+    """(anchor, title, make) of the sections over captured data, each only where the run holds its data: an
+    XGBoost run gets feature importance, trees and eval metrics per set, a neural network its layers,
+    distributions and classification; nothing is shown for what was not captured."""
+    held = set(run.collections())
+    candidates = [
+        ("curves", "Loss and metrics", bool(_scalars(run, per_set=False)), lambda: _curves(plots, run, marks)),
+        ("eval_metrics", "Eval metrics per set", bool(_scalars(run, per_set=True)),
+         lambda: _eval_metrics(plots, run, marks)),
+        ("importance", "Feature importance over rounds", "feature_importance" in held,
+         lambda: _importance(plots, run, marks)),
+        ("trees", "Trees over rounds: depth, leaves, splits", "trees" in held, lambda: _trees(plots, run, marks)),
+        ("layers", "Layers over steps", any(_heatmap_names(run, c, r) for _, c, r, _, _ in HEATMAPS),
+         lambda: _heatmaps(plots, run, marks)),
+        ("distributions", "Weight and gradient distributions", bool({"weights", "gradients"} & held),
+         lambda: _distributions(plots, run, steps, marks)),
+        ("classification", "Classification", {"labels", "predictions"} <= held,
+         lambda: _classification(plots, run)),
+    ]
+    return [(anchor, title, make) for anchor, title, wanted, make in candidates if wanted]
+
+
+def first_nonfinite_loss(run) -> int | None:
+    """The first step at which a loss (`losses/*`, any mode) is NaN or Inf; None where every loss is finite."""
+    first = None
+    for mode in run.modes():
+        for name in run.tensor_names(collection="losses", mode=mode):
+            tensor = run.tensor(name)
+            if VALUE not in tensor.reductions(mode=mode):
+                continue
+            steps, values = tensor.series(VALUE, mode=mode)
+            bad = steps[~np.isfinite(values)]
+            if bad.size and (first is None or bad[0] < first):
+                first = int(bad[0])
+    return first
 
 
 # -- sections -----------------------------------------------------------------------------------------------------
@@ -181,27 +220,80 @@ def _verdicts(verdicts: list, info: dict) -> list:
             "</th><th>hint</th></tr>" + "".join(rows) + "</table>"]
 
 
-def _curves(plots, run, verdicts: list) -> list:
+def _scalars(run, per_set: bool) -> list:
+    """(name, mode) of the scalar series the curves draw: losses, metrics, optimizer state; with `per_set`, only
+    the metrics of an XGBoost eval set (`metrics/<set>/<metric>`, drawn per metric), else all the others."""
+    booster = run.info.get("framework") == "xgboost"
+    return [(name, mode) for mode in run.modes() for name in run.tensor_names(mode=mode)
+            if collection_of(name) in ("losses", "metrics", "optimizer")
+            and (booster and collection_of(name) == "metrics" and "/" in path_of(name)) == per_set
+            and VALUE in run.tensor(name).reductions(mode=mode)]
+
+
+def _lines(run, per_set: bool) -> list:
+    """(name, mode, steps, values) of the series `_scalars` names."""
+    return [(name, mode, *run.tensor(name).series(VALUE, mode=mode)) for name, mode in _scalars(run, per_set)]
+
+
+def _curves(plots, run, marks) -> list:
     losses, metrics = [], {}
-    for mode in run.modes():
-        for name in run.tensor_names(mode=mode):
-            collection = collection_of(name)
-            if collection not in ("losses", "metrics", "optimizer"):
-                continue
-            tensor = run.tensor(name)
-            if VALUE not in tensor.reductions(mode=mode):
-                continue
-            steps, values = tensor.series(VALUE, mode=mode)
-            line = (f"{name} ({mode})", steps, values)
-            if collection == "losses" or "loss" in path_of(name).lower():
-                losses.append(line)
-            else:
-                metrics.setdefault(name, []).append(line)
-    if not losses and not metrics:
-        return [note("no losses or metrics were captured: add `losses: {}` (and `metrics: {}`) to `collections`.")]
-    marks = list(dict.fromkeys((v.step, v.rule) for v in verdicts if v.fired))[:MAX_MARKS]
+    for name, mode, steps, values in _lines(run, per_set=False):
+        line = (f"{name} ({mode})", steps, values)
+        if collection_of(name) == "losses" or "loss" in path_of(name).lower():
+            losses.append(line)
+        else:
+            metrics.setdefault(name, []).append(line)
     panels = ([("loss", losses)] if losses else []) + list(metrics.items())[:MAX_PANELS]
-    return [plots.img(plots.curves(panels, marks), "loss and metric curves")]
+    return [plots.img(plots.curves(panels, marks), "loss and metric curves"), _marks_legend(marks)]
+
+
+def _marks_legend(marks) -> str:
+    """The verdicts and the first NaN/Inf loss the plots mark, by step, in words (on a plot, the labels of
+    verdicts close together merge into one)."""
+    by_step: dict = {}
+    for step, rule in marks.verdicts:
+        by_step.setdefault(step, []).append(rule)
+    items = [f"step {step}: {', '.join(rules)}" for step, rules in sorted(by_step.items())]
+    nan = (f'<span class="nonfinite">loss NaN/Inf from step {marks.nonfinite}</span>'
+           if marks.nonfinite is not None else "")
+    if not items and not nan:
+        return ""
+    listed = f"verdicts marked: {escape('; '.join(items))}" if items else ""
+    return f'<p class="marks">{listed}{" · " if listed and nan else ""}{nan}</p>'
+
+
+def _eval_metrics(plots, run, marks) -> list:
+    """XGBoost's eval log: one panel per metric, one line per eval set."""
+    panels: dict = {}
+    for name, mode, steps, values in _lines(run, per_set=True):
+        data, metric = path_of(name).rsplit("/", 1)
+        panels.setdefault(metric, []).append((f"{data}" + ("" if mode == "train" else f" ({mode})"), steps, values))
+    return [plots.img(plots.curves(list(panels.items())[:MAX_PANELS], marks), "eval metrics per set")]
+
+
+MAX_FEATURES = 10  # features drawn per importance type: the most important at the last round
+
+
+def _importance(plots, run, marks) -> list:
+    """Per importance type (weight, gain, …) the features' scores over rounds: the MAX_FEATURES most important
+    at the last round."""
+    kinds: dict = {}
+    for name in run.tensor_names(collection="feature_importance", mode="train"):
+        kind, feature = path_of(name).split("/", 1)
+        kinds.setdefault(kind, []).append((feature, *run.tensor(name).series(VALUE, mode="train")))
+    panels = []
+    for kind, lines in kinds.items():
+        lines.sort(key=lambda line: -line[2][-1] if len(line[2]) else 0)
+        title = kind + (f" (top {MAX_FEATURES} of {len(lines)} features)" if len(lines) > MAX_FEATURES else "")
+        panels.append((title, lines[:MAX_FEATURES]))
+    return [plots.img(plots.curves(panels, marks), "feature importance over rounds")]
+
+
+def _trees(plots, run, marks) -> list:
+    """The trees added at each sampled round: depth of the deepest, leaves and splits summed."""
+    panels = [(path_of(name), [(path_of(name), *run.tensor(name).series(VALUE, mode="train"))])
+              for name in run.tensor_names(collection="trees", mode="train")]
+    return [plots.img(plots.curves(panels, marks, ncols=3), "tree depth, leaves and splits over rounds")]
 
 
 HEATMAPS = (  # (title, collection, reduction, colour bar label, log scale)
@@ -212,14 +304,16 @@ HEATMAPS = (  # (title, collection, reduction, colour bar label, log scale)
 )
 
 
-def _heatmaps(plots, run) -> list:
+def _heatmap_names(run, collection: str, reduction: str) -> list:
+    return [n for n in run.tensor_names(collection=collection, mode="train")
+            if reduction in run.tensor(n).reductions(mode="train")]
+
+
+def _heatmaps(plots, run, marks) -> list:
     out = []
     for title, collection, reduction, label, log_scale in HEATMAPS:
-        names = [n for n in run.tensor_names(collection=collection, mode="train")
-                 if reduction in run.tensor(n).reductions(mode="train")]
+        names = _heatmap_names(run, collection, reduction)
         if not names:
-            out.append(note(f"{title}: not captured (needs collection `{collection}` with reduction "
-                             f"`{reduction}`)."))
             continue
         series = {n: run.tensor(n).series(reduction, mode="train") for n in names}
         if collection == "updates":
@@ -228,7 +322,7 @@ def _heatmaps(plots, run) -> list:
                 out.append(note(f"{title}: `updates` were captured but not the L2 norm of their weights."))
                 continue
         steps, matrix, captured = _matrix(series)
-        fig = plots.heatmap(title, [path_of(n) for n in series], steps, matrix, captured, label, log_scale)
+        fig = plots.heatmap(title, [path_of(n) for n in series], steps, matrix, captured, label, log_scale, marks)
         out.append(plots.img(fig, title))
     return out
 
@@ -261,8 +355,9 @@ def _matrix(series: dict):
     return steps, matrix, captured
 
 
-def _distributions(plots, run, wanted=None) -> list:
+def _distributions(plots, run, wanted=None, marks=None) -> list:
     out = []
+    after = marks.nonfinite if marks is not None else None  # steps from here on come after the first NaN loss
     for collection in ("weights", "gradients"):
         names = run.tensor_names(collection=collection, mode="train")
         full = [n for n in names if run.tensor(n).steps(mode="train", tensors=True)]
@@ -271,7 +366,9 @@ def _distributions(plots, run, wanted=None) -> list:
             cells, ncols, drawn = [], 3 if wanted is None else len(wanted), set()
             for name in full[:MAX_LAYERS]:
                 chosen = _chosen(run.tensor(name).steps(mode="train", tensors=True), wanted)
-                cells += [(f"{path_of(name)} @ step {s}", run.tensor(name).value(s, mode="train")) for s in chosen]
+                cells += [(f"{path_of(name)} @ step {s}" + (" (loss NaN/Inf)" if after is not None and s >= after
+                                                             else ""), run.tensor(name).value(s, mode="train"))
+                          for s in chosen]
                 cells += [None] * (ncols - len(chosen))
                 drawn.update(chosen)
             at = ("the first, middle and last saved steps" if wanted is None else
@@ -288,10 +385,8 @@ def _distributions(plots, run, wanted=None) -> list:
                 steps = next(iter(got.values()))[0]
                 layers.append((path_of(name), steps, {r: v for r, (s, v) in got.items() if len(s) == len(steps)}))
             title = f"{collection}: min..max and mean ± std over steps (from reductions; no full tensors saved)"
-            out.append(plots.img(plots.bands(title + _first(banded), layers), f"{collection} distributions"))
-        else:
-            out.append(note(f"{collection}: not captured (save full tensors with `save: tensors`, or capture the "
-                             "reductions min, mean, std, max)."))
+            out.append(plots.img(plots.bands(title + _first(banded), layers, marks=marks),
+                                 f"{collection} distributions"))
     return out
 
 

@@ -323,6 +323,20 @@ class Run(View, CheckedFiles):
             self._merged[key] = (len(chunks), steps, values)
         return steps, values
 
+    _between_rows = True  # Recorder.scalars stores series points between the sampled steps
+
+    def _row_series(self, name, reduction, mode, worker):
+        """The series at the rows alone (what the rules read, View.at): kept until new shards are read, since
+        offline rules read the same series at every step."""
+        steps, values = self._series(name, reduction, mode, worker)
+        key = ("#rows", worker, mode, name, reduction)
+        done, kept_steps, kept_values = self._merged.get(key, (None, None, None))
+        if done != (self._version, len(steps)):
+            keep = np.isin(steps, self._steps(mode, worker), assume_unique=True)
+            kept_steps, kept_values = (steps, values) if keep.all() else (steps[keep], values[keep])
+            self._merged[key] = ((self._version, len(steps)), kept_steps, kept_values)
+        return kept_steps, kept_values
+
     def _steps(self, mode, worker):
         key = ("#steps", worker, mode)
         chunks = self._step_chunks.get((worker, mode), [])

@@ -19,6 +19,9 @@ class Sample:
     mode: str
     values: dict  # tensor name -> {reduction: float}
     tensors: dict = field(default_factory=dict)  # tensor name -> np.ndarray (full values)
+    # a sampled step, a row of the run (run.steps(), where the rules judge); False: scalars the framework handed
+    # over between samples (Recorder.scalars), in the series but no row
+    row: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -51,7 +54,8 @@ def shard_contents(samples: list[Sample], worker: int, seq: int) -> tuple[dict, 
     series: dict[tuple, tuple[list, list]] = {}
     tensors = []
     for s in samples:
-        rows[s.mode].add(s.step)
+        if s.row:
+            rows[s.mode].add(s.step)
         for name, reductions in s.values.items():
             for reduction, value in reductions.items():
                 steps, values = series.setdefault((s.mode, name, reduction), ([], []))

@@ -54,6 +54,14 @@ class View:
     def _steps(self, mode: str, worker: int) -> np.ndarray:
         raise NotImplementedError
 
+    # a series may hold steps that are no row (scalars stored between samples, Recorder.scalars); `at()` views,
+    # what the rules read, see the rows alone
+    _between_rows = False
+
+    def _row_series(self, name: str, reduction: str, mode: str, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        """The series at the rows (sampled steps) alone."""
+        return self._series(name, reduction, mode, worker)
+
     def _tensor_steps(self, name: str, mode: str, worker: int) -> np.ndarray:
         raise NotImplementedError
 
@@ -124,7 +132,8 @@ class View:
         return Tensor(self, name)
 
     def at(self, step: int, mode: str = "train", worker: int = 0) -> "View":
-        """This view as of `step` (nothing later is visible), with mode and worker as the defaults."""
+        """This view as of `step` (nothing later is visible), with mode and worker as the defaults, as the rules
+        read it: series at the sampled steps (the rows) alone."""
         return _Scoped(self, step, mode, worker)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -317,7 +326,7 @@ class _Scoped(View):
         return self._base._version
 
     def _series(self, *args):
-        return self._base._series(*args)
+        return self._base._row_series(*args)
 
     def _steps(self, *args):
         return self._base._steps(*args)
@@ -329,7 +338,7 @@ class _Scoped(View):
         return self._base._value(*args)
 
     def _at(self, *args):
-        return self._base._at(*args)
+        return View._at(self, *args) if self._base._between_rows else self._base._at(*args)
 
     def _names_at(self, step, mode, worker):
         return self._base._names_at(step, mode, worker) if step <= self.upto else set()
@@ -341,6 +350,8 @@ class _Scoped(View):
         return self._base._recorded_at(*args)
 
     def _tail(self, name, reduction, mode, worker, n):
+        if self._base._between_rows:
+            return View._tail(self, name, reduction, mode, worker, n)
         steps, values = self._base._tail(name, reduction, mode, worker, n)
         if steps and steps[-1] > self.upto:  # the base holds later steps: read the series up to this view's step
             return View._tail(self, name, reduction, mode, worker, n)

@@ -74,6 +74,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._predicted: Predicted | None = None
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._looked = False  # the run holds what the first sampled step trained with
+        self._log_loss = False  # the config captures the loss Keras logs (`metrics/loss`) at every step
 
     @property
     def verdicts(self) -> list:
@@ -118,6 +119,8 @@ class TripwireCallback(keras.callbacks.Callback):
             self._looked = False
             self._verdicts = self._recorder.verdicts
         self._plan = self._recorder.plan
+        metrics = self._plan.collections.get("metrics")
+        self._log_loss = metrics is not None and metrics.selects("loss")
         self._alive = self._recorder.alive if self._recorder.clock else None
         self._fit_model, self._state = model, "finished"
         if self._capture is not None:
@@ -142,6 +145,7 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
+                self._keep_loss(self._base + batch, logs)
                 decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
                 if decision is not None:
                     self._decide(decision, self._base + batch)
@@ -152,6 +156,7 @@ class TripwireCallback(keras.callbacks.Callback):
             batch = min(batch, self.params["steps"] - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
+        self._keep_loss(step, logs)
         if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
             self._looked = True
             self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
@@ -164,6 +169,14 @@ class TripwireCallback(keras.callbacks.Callback):
             elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
                 values[f"metrics/{key}"] = {"value": float(value)}
         self._decide(self._recorder.record(step, "train", values, tensors), step)
+
+    def _keep_loss(self, step: int, logs) -> None:
+        """The loss Keras logs (the mean over the epoch so far, on the host at every step) as `metrics/loss`, at
+        every step: a curve of the whole run for free. Stored, not judged (Recorder.scalars): the loss rules
+        read `losses/train`, the step's own loss, at the sampled steps."""
+        loss = (logs or {}).get("loss")
+        if self._log_loss and loss is not None and np.ndim(loss) == 0:
+            self._recorder.scalars(step, "train", {"metrics/loss": {"value": float(loss)}})
 
     def save_tensor(self, name: str, tensor) -> None:
         """Capture a tensor of your own as `custom/<name>` at sampled steps, if the `custom` collection is on.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import tempfile
 
@@ -41,6 +42,7 @@ log = logging.getLogger("tripwire")
 PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
 # Hooks that matter only on a sampled step: switched off (None) on the others, see TripwireCallback.
 SAMPLED_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
+KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before they are read (_store_losses)
 
 
 def _callback_bases() -> tuple:
@@ -97,7 +99,7 @@ class TripwireCallback(*_callback_bases()):
         self._losses: list = []  # the losses of a sampled step's micro-batches so far
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
-        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf
+        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
         self._loss = None  # the loss the optimizer's closure returned at this step, until judged
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
@@ -150,7 +152,26 @@ class TripwireCallback(*_callback_bases()):
         self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget)
         self._plan = self._recorder.plan
         self._alive = self._recorder.alive if self._recorder.clock else None
+        # a step's closure returns the step's loss where a step is one batch: with gradient accumulation it is the
+        # last micro-batch's alone (the sampled steps record the mean of them all), with manual optimisation
+        # whatever the user's closure returns
+        self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
+            trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
+
+    def _store_losses(self) -> None:
+        """The losses the training steps between samples returned, as `losses/train` at each step: stored, not
+        judged (Recorder.scalars), so the rules read the sampled steps as before and a NaN is judged as before
+        (check_loss; the non-finite losses are left out here). The loss tensors are kept as references and read
+        here, in one copy per sampled step (or per KEPT_LOSSES steps): an unsampled step never waits for the
+        device."""
+        if not self._loss_watch.kept:
+            return
+        kept = self._loss_watch.drain()
+        if self._recorder is not None:
+            for step, value in kept:
+                if math.isfinite(value):
+                    self._recorder.scalars(step, "train", {"losses/train": {"value": value}})
 
     def on_exception(self, trainer, pl_module, exception):
         # Lightning runs no teardown hooks after an exception: close the run here
@@ -166,6 +187,7 @@ class TripwireCallback(*_callback_bases()):
         self.__dict__.pop("on_train_batch_start", None)
         if self._capture is not None:
             self._capture.close()
+        self._store_losses()
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)
@@ -242,6 +264,8 @@ class TripwireCallback(*_callback_bases()):
                 if found is not None:  # a NaN loss between samples: recorded when this batch ends
                     self._nonfinite = found
                     self.__dict__.pop("on_train_batch_end", None)
+                if len(self._loss_watch.kept) >= KEPT_LOSSES:
+                    self._store_losses()
 
         def before_optimizer_step(optimizer, args, kwargs):
             """Wrap the closure Lightning hands the optimizer (the training step), to keep the loss it returns:
@@ -292,6 +316,7 @@ class TripwireCallback(*_callback_bases()):
         if not stepped:
             return
         if self._capture is not None:
+            self._store_losses()  # the steps' losses since the last sample, before this step's
             metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
                        if k not in self._eval_keys} if capture.wants("metrics") else None
             losses, self._losses = self._losses, []

@@ -1,4 +1,4 @@
-"""The training loss of every step, judged for NaN/Inf without holding training up.
+"""The training loss of every step, judged for NaN/Inf without holding training up, and kept where asked.
 
 Shared by the Lightning callback and the plain-loop probe. On the CPU the loss is read at once (a scalar read,
 about a microsecond). On an accelerator, reading it would wait for the device: its finiteness is copied to
@@ -15,9 +15,22 @@ import torch
 
 
 class LossWatch:
-    def __init__(self):
+    def __init__(self, keep: bool = False):
+        """keep: also keep each step's loss (a reference, no copy), read all at once by `drain()`."""
         self._pending = None  # (step, event) of an accelerator's loss whose finiteness is being copied
         self._flag = None  # the pinned host buffer those copies go to
+        self.keep = keep
+        self.kept: list = []  # (step, loss) seen since the last drain()
+
+    def drain(self) -> list[tuple[int, float]]:
+        """(step, loss) of the losses kept since the last call, read in one device-to-host copy: called
+        at a sampled step, which waits for the device anyway, so the steps between samples never do. A loss of
+        several values counts as their mean."""
+        kept, self.kept = self.kept, []
+        try:
+            return _read(kept)
+        except Exception:  # noqa: BLE001 - a loss tripwire cannot read (meta, quantized) must not stop training
+            return []
 
     def see(self, step: int, loss) -> tuple[int, float] | None:
         """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an
@@ -30,6 +43,8 @@ class LossWatch:
 
     def _see(self, step: int, loss) -> tuple[int, float] | None:
         found = self._judge_pending()
+        if self.keep and loss is not None:
+            self.kept.append((step, loss.detach() if isinstance(loss, torch.Tensor) else loss))
         if found is not None or loss is None:
             return found
         if not isinstance(loss, torch.Tensor):
@@ -68,3 +83,14 @@ def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:
     if bool(torch.isfinite(loss).all()):  # a loss per sample (reduction "none")
         return None
     return step, float(loss.float().mean())
+
+
+def _read(kept: list) -> list[tuple[int, float]]:
+    """(step, value) of kept losses: the tensors in one copy to the host."""
+    tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
+    numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept
+               if not isinstance(loss, torch.Tensor)]
+    if tensors:
+        values = torch.stack([loss.float().mean() for _, loss in tensors]).cpu().tolist()
+        numbers += [(step, value) for (step, _), value in zip(tensors, values)]
+    return sorted(numbers)

@@ -1,8 +1,9 @@
 """The XGBoost callback: an adapter from `xgboost.callback.TrainingCallback` onto tripwire.core.
 
-One step is one boosting round, in mode `train`. On a sampled round the
-callback records the round's eval log, the newest trees' statistics, feature
-importance, and labels and predictions on the eval data it was given; the
+One step is one boosting round, in mode `train`. At every round the callback
+records the round's eval log (it is on the host: it costs nothing); on a
+sampled round also the newest trees' statistics, feature importance, and
+labels and predictions on the eval data it was given; the
 Recorder runs the rules; `stop` returns True from `after_iteration`. The
 eval log is also read as XGBoost's EarlyStopping reads it (`eval_losses`):
 the training set's loss as `losses/train` and the validation set's as
@@ -22,7 +23,6 @@ whether the verdict came from that rank's rules or from `tripwire watch`.
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import xgboost as xgb
@@ -105,7 +105,6 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         config = booster_config(model)
         self._trees = booster_kind(config) in TREE_BOOSTERS
         self._state = "finished"
-        self._nonfinite = False  # a NaN/Inf loss of an unsampled round was acted on
         if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
             url = self._start(model, config, url, self.append)
         self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
@@ -152,29 +151,41 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             self._recorder.alive()
         collections, evaluated = self._plan.at("train", epoch), self._plan.at("eval", epoch)
         train_loss, val_loss = eval_losses(evals_log)
-        # the training loss of a round that is not sampled: a NaN is acted on at its round (every worker sees the
-        # same eval log, so all of them decide together)
-        nonfinite = not collections and train_loss is not None and not math.isfinite(train_loss) and \
-            not self._nonfinite
-        if not (collections or evaluated or nonfinite):
+        # the eval log is on the host at every round, whatever the schedule: every round of it is recorded
+        logged = self._eval_log(evals_log, train_loss)
+        if not (collections or evaluated or logged):
             return False
-        self._nonfinite |= nonfinite
         decision = None
         if self._recorder is not None:
-            if collections:
-                values, tensors = self._sample(model, epoch, evals_log, {c.name: c for c in collections})
-                if train_loss is not None and any(c.name == "losses" for c in collections):
-                    values["losses/train"] = {VALUE: train_loss}
-                decision = self._recorder.record(epoch, "train", values, tensors)
-            elif nonfinite:
-                decision = self._recorder.check_loss(epoch, train_loss)
+            values, tensors = self._sample(model, epoch, {c.name: c for c in collections}) if collections else ({}, {})
+            if values or tensors or logged:
+                decision = self._recorder.record(epoch, "train", {**logged, **values}, tensors)
             metrics = next((c for c in evaluated if c.name == "metrics"), None)
             if val_loss is not None and metrics is not None and metrics.selects("val_loss"):
                 evaluation = self._recorder.record(epoch, "eval", {"metrics/val_loss": {VALUE: val_loss}})
                 decision = evaluation if decision is None else decision.merge(evaluation)
         return self._decide(model, decision, epoch)
 
-    def _sample(self, model, epoch: int, evals_log, active: dict) -> tuple[dict, dict]:
+    def _eval_log(self, evals_log, train_loss: float | None) -> dict:
+        """The round's eval log as scalars: every metric of every eval set (`metrics/<set>/<metric>`) and the
+        training loss (`losses/train`), where the config captures them. XGBoost hands the whole log to every
+        call, so storing each round costs nothing and the rules that read it (overfit, loss_not_decreasing) see
+        every round; a NaN loss is judged at its round. Every worker sees the same log, so all of them record
+        (and decide) at the same rounds."""
+        values = {}
+        metrics = self._plan.collections.get("metrics")
+        if metrics is not None:
+            for data, logged in evals_log.items():
+                for metric, history in logged.items():
+                    if metrics.selects(f"{data}/{metric}"):
+                        values[f"metrics/{data}/{metric}"] = {VALUE: float(history[-1])}
+        if train_loss is not None and "losses" in self._plan:
+            values["losses/train"] = {VALUE: train_loss}
+        return values
+
+    def _sample(self, model, epoch: int, active: dict) -> tuple[dict, dict]:
+        """What a sampled round holds besides the eval log: the round's trees, feature importance, labels and
+        predictions."""
         values, tensors = {}, {}
 
         def scalar(collection: str, path: str, value: float) -> None:
@@ -182,9 +193,6 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             if plan is not None and plan.selects(path):
                 values[f"{collection}/{path}"] = {VALUE: float(value)}
 
-        for data, metrics in evals_log.items():
-            for metric, history in metrics.items():
-                scalar("metrics", f"{data}/{metric}", history[-1])
         if self._trees and "trees" in active:
             for key, value in tree_stats(model, epoch).items():
                 scalar("trees", key, value)
