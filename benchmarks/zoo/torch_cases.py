@@ -523,16 +523,19 @@ def gan(attach, long):
 
 # -- plain PyTorch loops ------------------------------------------------------------------------------------------
 def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn, evaluate, scheduler=None,
-               classifier: bool = False) -> int:
+               classifier: bool = False, zero_grad: bool = True, train_mode: bool = True) -> int:
     """A plain training loop, with tripwire's probe when attached: `evaluate(model)` (in eval mode) after each
-    epoch, its metrics logged to the probe. Returns the optimizer steps that ran."""
+    epoch, its metrics logged to the probe. Returns the optimizer steps that ran. Two silent bugs can be put in:
+    no `zero_grad`, and no `model.train()` after the first validation."""
     steps = 0
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
     with probe_or_nothing as probe:
-        for _ in range(epochs):
-            model.train()
+        for epoch in range(epochs):
+            if train_mode or epoch == 0:
+                model.train()
             for x, y in train:
-                optimizer.zero_grad()
+                if zero_grad:
+                    optimizer.zero_grad()
                 output = model(x)
                 loss = loss_fn(output, y)
                 loss.backward()
@@ -564,7 +567,7 @@ def classification_metrics(x, y, loss_fn=F.cross_entropy):
     return evaluate
 
 
-def cnn_dropout(attach, long, dataset=data.digit_images):
+def cnn_dropout(attach, long, dataset=data.digit_images, **bugs):
     """A CNN with Dropout and MaxPool on digit images in a plain loop, switching train/eval for validation."""
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = dataset()
@@ -572,8 +575,20 @@ def cnn_dropout(attach, long, dataset=data.digit_images):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     evaluate = classification_metrics(xv, yv)
     steps = train_loop(attach, model, optimizer, loader(xt, yt), (10, 40)[long], F.cross_entropy, evaluate,
-                       classifier=True)
+                       classifier=True, **bugs)
     return reached("val_acc", evaluate(model)["val_acc"], 0.9, steps)
+
+
+def missing_zero_grad(attach, long):
+    """The dropout CNN whose loop never calls optimizer.zero_grad(): every step applies the sum of all gradients
+    so far (Adam's normalisation hides it from the loss for a while)."""
+    return cnn_dropout(attach, long, zero_grad=False)
+
+
+def eval_mode_training(attach, long):
+    """The dropout CNN whose loop calls model.train() once, before the first epoch: from the second epoch on, it
+    trains with its dropout off, as the validation's model.eval() left it."""
+    return cnn_dropout(attach, long, train_mode=False)
 
 
 def shuffled_labels(attach, long):
@@ -719,6 +734,10 @@ CASES: list[Case] = [
          catch=("loss_setup",)),
     Case("lightning", "optimizer_misses_head", optimizer_misses_head,
          fault="optimizer built over the first layer only", catch=("untrained_parameters",)),
+    Case("torch", "missing_zero_grad", missing_zero_grad, fault="optimizer.zero_grad() never called",
+         catch=("training_relations",), onset=1),
+    Case("torch", "eval_mode_training", eval_mode_training, fault="no model.train() after the first validation",
+         catch=("training_relations",), onset=43),  # the second epoch: 1347 images in batches of 32
     Case("torch", "zero_init", zero_init, fault="every Linear weight initialised to 0",
          catch=("poor_weight_initialization", "all_zero")),
 ]

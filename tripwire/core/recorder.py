@@ -315,6 +315,14 @@ class Recorder:
         value = self._first_nonfinite(loss)
         return None if value is None else self.record(step, "train", {"losses/train": {"value": value}})
 
+    def check_relation(self, step: int, relation: str, broken: int) -> Decision | None:
+        """A relation (tripwire.core.rules.relations) a plugin saw broken at a step that is not sampled, where it
+        can tell at no cost: recorded at once, as a sample of its own, so that it is judged at the step it broke.
+        The plugin tells each relation once; None where the config captures no relations."""
+        if "relations" not in self.plan.collections:
+            return None
+        return self.record(step, "train", {f"relations/{relation}": {"value": float(broken)}})
+
     def _first_nonfinite(self, loss) -> float | None:
         """The loss as a number, where it is the run's first NaN/Inf loss (and the config captures losses); None
         for a finite loss, or what is not one number."""

@@ -82,6 +82,7 @@ class TripwireProbe:
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
         self._after_optimizer = False  # the previous step ended with an optimizer's step
+        self._eval_mode_said = False  # training in eval mode was recorded (once is enough)
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
@@ -104,9 +105,11 @@ class TripwireProbe:
         step = self.global_step
         self.global_step += 1
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
-        if not self._sampled:  # a NaN loss is recorded at the step it appears, sampled or not
+        if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
             decision = self._recorder.check_loss(*found) if found is not None else None
+            if trained and not self.model.training and not self._eval_mode_said:
+                decision = self._eval_mode(step, decision)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -118,6 +121,7 @@ class TripwireProbe:
         scalars = {f"metrics/{k}": v for k, v in (metrics or {}).items()}
         if trained:
             scalars["relations/eval_mode"] = eval_mode_modules(self.model)
+            self._eval_mode_said |= scalars["relations/eval_mode"] > 0
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
         self._act(self._recorder.record(step, "train", values, tensors, loss=_mean(loss)).merge(self._recorder.poll()))
 
@@ -185,6 +189,17 @@ class TripwireProbe:
     def _end_look(self) -> None:
         if self._spy is not None and not self._spy.done:
             self._recorder.first_step(self._spy.finish(self.global_step))
+
+    def _eval_mode(self, step: int, decision):
+        """An optimizer stepped with the model in eval mode, at an unsampled step: said once, at that step."""
+        modules = eval_mode_modules(self.model)
+        if not modules:
+            return decision
+        self._eval_mode_said = True
+        said = self._recorder.check_relation(step, "eval_mode", modules)
+        if said is None:
+            return decision
+        return said if decision is None else decision.merge(said)
 
     def _act(self, decision) -> None:
         if decision.checkpoint:
