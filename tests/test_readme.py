@@ -163,7 +163,14 @@ import tripwire
 assert probe.run_url.endswith("runs/exp1") and not probe.should_stop
 assert tripwire.open_run(probe.run_url).steps(mode="train") == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], probe.run_url
 """),
+    "run = tripwire.open_run(\"runs/exp1\")": dict(folder="shared", check="""
+assert run.info["status"] == "finished" and steps.tolist() == [0, 100]
+assert run.tensor("weights/net.0.weight").value(100).shape == (32, 64)  # README's config saves net.0's weights
+assert run.wait_for_step(500, timeout=60) is False  # a finished run: at once
+"""),
 }
+# The custom rule is a module of the reader's project, named by README's config: the shared run imports it.
+MODULES = {"class LargeGradient(Rule):": "my_project/rules.py"}
 
 
 def env(tmp: Path) -> dict:
@@ -201,13 +208,39 @@ def shared(tmp_path_factory) -> Path:
     (folder / "rules.yaml").write_text(readme_config())
     (folder / "my_project").mkdir()
     (folder / "my_project" / "__init__.py").write_text("")
-    (folder / "my_project" / "rules.py").write_text(snippet("class LargeGradient(Rule):"))
+    for marker, path in MODULES.items():
+        (folder / path).write_text(snippet(marker))
     run_snippet("from tripwire.plugins.lightning import TripwireCallback", folder)
     return folder
 
 
-def test_lightning(shared):
-    assert tripwire.open_run(shared / "runs" / "exp1").info["status"] == "finished"
+def test_every_python_snippet_is_run():
+    for text in python_blocks():
+        found = [marker for marker in [*CASES, *MODULES] if marker in text]
+        assert len(found) == 1, f"README snippet without a case in CASES or MODULES (or with several):\n{text}"
+
+
+def test_the_lightning_snippet_with_readme_s_config(shared):
+    run = tripwire.open_run(shared / "runs" / "exp1")
+    assert run.info["status"] == "finished"
+    rules = [rule["rule"] for rule in run.info["config"]["rules"]]
+    assert rules == ["exploding_tensor", "vanishing_gradient", "my_project.rules:LargeGradient"]
+    assert "activations/net.1" in run.tensor_names() and (shared / "tb" / "exp1" / "train").is_dir()
+
+
+def test_reading_runs(shared):
+    run_snippet("run = tripwire.open_run(\"runs/exp1\")", shared)
+
+
+def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
+    """README's LargeGradient, loaded by name from the reader's project: silent at threshold 20 in the shared run,
+    firing on the same run at a threshold every gradient passes."""
+    (shared / "strict.yaml").write_text("rules:\n  - rule: my_project.rules:LargeGradient\n    params: {threshold: 0}\n")
+    out = cli(shared, "tripwire check runs/exp1 --config strict.yaml")
+    assert out.returncode == 1 and "gradients/net.0.weight reached" in out.stdout, out.stdout + out.stderr
+    assert "failed" not in out.stdout  # judged only where gradients were stored, not at the loss-only steps
+    out = cli(shared, "tripwire check runs/exp1 --config rules.yaml")
+    assert out.returncode == 0 and "0 finding(s)" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("marker", [m for m, case in CASES.items() if case.get("folder") != "shared"])
@@ -217,3 +250,74 @@ def test_snippet(marker, tmp_path):
     init = cli(tmp_path, setup)
     assert init.returncode == 0 and "wrote" in init.stdout, init.stdout + init.stderr
     run_snippet(marker, tmp_path)
+
+
+
+# Shell lines that are neither run here nor checked elsewhere, with the reason.
+NOT_RUN = {"git clone <this repository's URL> tripwire && cd tripwire": "the test runs in a clone already"}
+
+
+def commands(lines: list[str]) -> list[str]:
+    """Each line as the commands it stands for: `tripwire ls runs/ [--json]` is with and without `--json`."""
+    out = []
+    for line in lines:
+        optional = re.search(r" \[([^]]+)\]", line)
+        out += [line] if not optional else [line.replace(optional[0], ""), line.replace(optional[0], " " + optional[1])]
+    return out
+
+
+def test_every_shell_command_is_checked():
+    """Each line is a `make` target (checked below), a `pip install` (tests/test_install.py checks its extras), a
+    `tripwire` command (run below or as a snippet's setup), or in NOT_RUN with its reason."""
+    for line in shell_lines():
+        assert line.split()[0] in ("make", "pip", "tripwire") or line in NOT_RUN, line
+    assert set(NOT_RUN) <= set(shell_lines()), "NOT_RUN names a line README no longer has"
+
+
+def test_make_targets_exist():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    named = {line.split()[1] for line in shell_lines() if line.startswith("make ")}
+    named |= set(re.findall(r"`make (\w+)`", README.read_text()))
+    assert named and named <= targets, named - targets
+
+
+def test_tripwire_commands_in_prose_exist(capsys):
+    """`tripwire VERB` and every `--option` README names in its text are the CLI's own."""
+    from tripwire.core.cli import main
+
+    text = README.read_text()
+    verbs = {m.split()[1] for m in re.findall(r"`(tripwire \w+)[^`]*`", text)} | {
+        line.split()[1] for line in shell_lines() if line.startswith("tripwire ")}
+    helps = ""
+    for verb in sorted(verbs):
+        with pytest.raises(SystemExit) as done:
+            main([verb, "--help"])
+        assert done.value.code == 0, verb
+        helps += capsys.readouterr().out
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", text)) - {"--logdir"}  # TensorBoard's own option
+    assert options and {o for o in options if o not in helps} == set()
+
+
+def test_shell_commands_over_the_shared_run(shared):
+    """README's `tripwire` commands, as written, over the Lightning snippet's run: runs/a and runs/b are copies
+    of it (so `compare` finds them equivalent), other.yaml the config `tripwire init -o other.yaml` writes."""
+    for name in ("a", "b"):
+        shutil.copytree(shared / "runs" / "exp1", shared / "runs" / name)
+    assert cli(shared, "tripwire init -o other.yaml").returncode == 0
+    setups = {case["setup"] for case in CASES.values() if "setup" in case}
+    ran = []
+    for command in commands([line for line in shell_lines() if line.startswith("tripwire ")]):
+        if command in setups:
+            continue
+        out = cli(shared, command)
+        verb = command.split()[1]
+        said = out.stdout + out.stderr
+        if verb == "check":  # exit 0 none fired, 1 fired
+            fired = int(re.search(r"^(\d+) finding\(s\) at warning or error", out.stdout, re.M)[1])
+            assert out.returncode == (1 if fired else 0), said
+        else:
+            assert out.returncode == 0, f"{command}:\n{said}"
+        ran.append(command)
+    assert (shared / "report.html").is_file() and (shared / "runs" / "index.html").is_file()
+    assert list((shared / "tb").glob("train/events.out.tfevents.*"))
+    assert len(ran) == 8, ran
