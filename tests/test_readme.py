@@ -321,3 +321,24 @@ def test_shell_commands_over_the_shared_run(shared):
     assert (shared / "report.html").is_file() and (shared / "runs" / "index.html").is_file()
     assert list((shared / "tb").glob("train/events.out.tfevents.*"))
     assert len(ran) == 8, ran
+
+
+def test_the_config_error_shown_is_the_one_such_a_file_gives(tmp_path, monkeypatch):
+    """README shows the ConfigError of a rules.yaml with three mistakes, at lines 3, 7 and 10: this is such a file."""
+    (shown,) = [text for lang, text in blocks(README) if lang == "" and "mistakes; fix them all" in text]
+    monkeypatch.chdir(tmp_path)
+    Path("rules.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        sampling:
+          evry: 100
+        rules:
+          - rule: exploding_tensor
+          - rule: exploding_gradient
+            params: {ratio_threshold: -1}
+        writer:
+          flush_every_s: 1.0
+          max_queue_mb: .inf
+        """))
+    with pytest.raises(tripwire.ConfigError) as err:
+        tripwire.load_config("rules.yaml")
+    assert str(err.value) == shown.strip()
