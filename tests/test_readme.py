@@ -180,9 +180,9 @@ def env(tmp: Path) -> dict:
             "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}  # one thread: XGBoost's crawl on shared cores
 
 
-def run_snippet(marker: str, folder: Path) -> subprocess.CompletedProcess:
+def run_snippet(marker: str, folder: Path, case: dict | None = None) -> subprocess.CompletedProcess:
     """Prelude, the snippet as README has it, check: one script in `folder`, run as a reader runs theirs."""
-    case = CASES[marker]
+    case = case or CASES[marker]
     script = folder / "snippet.py"
     script.write_text("\n".join([textwrap.dedent(case.get("prelude", "")), snippet(marker),
                                  textwrap.dedent(case.get("check", ""))]))
@@ -342,3 +342,32 @@ def test_the_config_error_shown_is_the_one_such_a_file_gives(tmp_path, monkeypat
     with pytest.raises(tripwire.ConfigError) as err:
         tripwire.load_config("rules.yaml")
     assert str(err.value) == shown.strip()
+
+
+def test_the_output_shown_is_what_a_training_that_blows_up_prints(tmp_path):
+    """The Lightning snippet over the demo's faulty model (learning rate 50) prints README's lines: in order, each
+    line one of tripwire's; `…` stands for any text, a line of `…` alone for lines left out."""
+    (shown,) = [text for lang, text in blocks(README) if lang == "" and "a learning rate of 0.015" in text]
+    assert cli(tmp_path, "tripwire init").returncode == 0
+    out = run_snippet("from tripwire.plugins.lightning import TripwireCallback", tmp_path, dict(prelude="""
+import lightning.pytorch as pl
+
+from tripwire.demo import _digits, _Model
+
+pl.seed_everything(0, verbose=False)
+train_loader, val_loader = _digits()
+model = _Model(lr=50.0, dead=False)
+"""))
+    printed = [line for line in (out.stdout + out.stderr).splitlines()
+               if line.startswith(("tripwire: ", "diagnosis ", "    "))]
+    at, skip = 0, False
+    for line in shown.splitlines():
+        if line == "…":
+            skip = True
+            continue
+        pattern = re.compile(".*".join(map(re.escape, line.split("…"))))
+        while skip and at < len(printed) and not pattern.fullmatch(printed[at]):
+            at += 1
+        assert at < len(printed) and pattern.fullmatch(printed[at]), f"README shows:\n{line}\nprinted:\n" + \
+            "\n".join(printed)
+        at, skip = at + 1, False
