@@ -1,8 +1,9 @@
-"""Every command and snippet in README.md works as written (issue 23): each ```python block runs in a fresh process,
-in a folder of its own, after a prelude that makes what the reader brings (`model`, `train_loader`, `params`, …) as
-a real small model on sklearn's data; each `tripwire …` command in a shell block runs against runs those snippets
-wrote, with the exit status README gives; each `make` target exists. The `pip install` lines are checked by
-tests/test_install.py (distribution and extras)."""
+"""Every command and snippet in README.md works as written (issue 23), and the snippets of docs/ too: each ```python
+block runs in a fresh process, in a folder of its own, after a prelude that makes what the reader brings (`model`,
+`train_loader`, `params`, …) as a real small model on sklearn's data; each `tripwire …` command in README's shell
+blocks runs against runs those snippets wrote, with the exit status README gives; each `make` target exists; the
+outputs README shows are what tripwire prints. The `pip install` lines are checked by tests/test_install.py
+(distribution and extras)."""
 
 import os
 import re
@@ -19,34 +20,31 @@ import tripwire
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
+DOCS = ["README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md"))]
 
 
-def blocks(path: Path) -> list[tuple[str, str]]:
+def blocks(doc: str = "README.md") -> list[tuple[str, str]]:
     """(language, text) of every fenced block of a Markdown file, in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", path.read_text(), re.M | re.S)
-
-
-def python_blocks() -> list[str]:
-    return [text for lang, text in blocks(README) if lang == "python"]
+    return re.findall(r"^```(\w*)\n(.*?)^```", (ROOT / doc).read_text(), re.M | re.S)
 
 
 def shell_lines() -> list[str]:
     """Every command of README's shell blocks, without its comment; continuation comments dropped."""
     lines = []
-    for lang, text in blocks(README):
+    for lang, text in blocks():
         if lang in ("sh", "bash", "console"):
             lines += [c for c in (line.split("#", 1)[0].strip() for line in text.splitlines()) if c]
     return lines
 
 
 def readme_config() -> str:
-    (config,) = [text for lang, text in blocks(README) if lang == "yaml"]
+    (config,) = [text for lang, text in blocks() if lang == "yaml"]
     return config
 
 
-def snippet(marker: str) -> str:
-    """The one python block of README that holds `marker`."""
-    (found,) = [text for text in python_blocks() if marker in text]
+def snippet(doc: str, marker: str) -> str:
+    """The one python block of `doc` that holds `marker`."""
+    (found,) = [text for lang, text in blocks(doc) if lang == "python" and marker in text]
     return found
 
 
@@ -65,11 +63,29 @@ torch.manual_seed(0)
 dataset = lambda a, b: torch.utils.data.TensorDataset(torch.tensor(x_all[a:b]), torch.tensor(y_all[a:b]))
 """
 
-# What each snippet needs from the reader, keyed by a line of the snippet; `check` runs after it and asserts what
-# README says the snippet does. `folder`: "shared" runs it in the folder of the Lightning run (runs/exp1), which
-# the later snippets and commands read.
+CANCER = """
+import xgboost as xgb
+from sklearn.datasets import load_breast_cancer
+
+X, y = load_breast_cancer(return_X_y=True)
+X_train, y_train, X_val, y_val = X[:400], y[:400], X[400:], y[400:]
+dtrain = xgb.DMatrix(X_train, label=y_train)
+dval = xgb.DMatrix(X_val, label=y_val)
+params = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 3, "eta": 0.1}
+"""
+INIT_XGBOOST = "tripwire init --framework xgboost"
+XGB_TRAIN = ("docs/xgboost.md", 'cb = TripwireCallback("xgboost.yaml", out_dir="runs/exp1"')
+
+ANALYSE = ("docs/analyse.md", 'run = tripwire.open_run("s3://bucket/runs/exp1")')
+LIGHTNING = ("README.md", "from tripwire.plugins.lightning import TripwireCallback")
+READING = ("README.md", 'run = tripwire.open_run("runs/exp1")')
+
+# What each snippet needs from the reader, keyed by its document and a line of it; `check` runs after it and asserts
+# what the document says the snippet does; `setup`, a command of the document run first (default: `tripwire init`,
+# the reader's copy of rules.yaml). `folder`: "shared" runs it in the folder of README's Lightning run (runs/exp1),
+# which the later snippets and commands read.
 CASES = {
-    "from tripwire.plugins.lightning import TripwireCallback": dict(folder="shared", prelude=TORCH_DIGITS + """
+    ("README.md", "from tripwire.plugins.lightning import TripwireCallback"): dict(folder="shared", prelude=TORCH_DIGITS + """
 import lightning.pytorch as pl
 
 
@@ -101,7 +117,7 @@ assert callback.run_url.endswith("runs/exp1"), callback.run_url
 assert not [v for v in callback.verdicts if v.counts], callback.verdicts
 assert trainer.global_step == 200
 """),
-    "from tripwire.plugins.keras import TripwireCallback": dict(prelude=DIGITS + """
+    ("README.md", "from tripwire.plugins.keras import TripwireCallback"): dict(prelude=DIGITS + """
 import keras
 
 keras.utils.set_random_seed(0)
@@ -117,7 +133,7 @@ run = tripwire.open_run(callback.run_url)
 assert run.info["framework"] == "keras" and run.steps(mode="train")[-1] == 300, run.steps(mode="train")
 assert "metrics/val_loss" in run.tensor_names() and "gradients/sequential/dense/kernel" in run.tensor_names()
 """),
-    "from tripwire.plugins.transformers import TripwireCallback": dict(prelude=DIGITS + """
+    ("README.md", "from tripwire.plugins.transformers import TripwireCallback"): dict(prelude=DIGITS + """
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -135,16 +151,7 @@ assert callback.run_url.endswith("out/tripwire"), callback.run_url
 run = tripwire.open_run(callback.run_url)
 assert run.info["framework"] == "transformers" and "metrics/val_loss" in run.tensor_names()
 """),
-    "from tripwire.plugins.xgboost import TripwireCallback": dict(setup="tripwire init --framework xgboost", prelude="""
-import xgboost as xgb
-from sklearn.datasets import load_breast_cancer
-
-X, y = load_breast_cancer(return_X_y=True)
-dtrain = xgb.DMatrix(X[:400], label=y[:400])
-X_val, y_val = X[400:], y[400:]
-dval = xgb.DMatrix(X_val, label=y_val)
-params = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 3, "eta": 0.1}
-""", check="""
+    ("README.md", "from tripwire.plugins.xgboost import TripwireCallback"): dict(setup=INIT_XGBOOST, prelude=CANCER, check="""
 import tripwire
 
 assert callback.run_url.endswith("runs/exp1"), callback.run_url
@@ -152,7 +159,7 @@ run = tripwire.open_run(callback.run_url)
 assert "metrics/validation/logloss" in run.tensor_names() and "trees/depth" in run.tensor_names()
 assert "tree_depth" in [rule["rule"] for rule in run.info["config"]["rules"]]  # xgboost.yaml's rules
 """),
-    "from tripwire.plugins.torch import TripwireProbe": dict(prelude=TORCH_DIGITS + """
+    ("README.md", "from tripwire.plugins.torch import TripwireProbe"): dict(prelude=TORCH_DIGITS + """
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loss_fn = torch.nn.CrossEntropyLoss()
@@ -163,14 +170,94 @@ import tripwire
 assert probe.run_url.endswith("runs/exp1") and not probe.should_stop
 assert tripwire.open_run(probe.run_url).steps(mode="train") == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], probe.run_url
 """),
-    "run = tripwire.open_run(\"runs/exp1\")": dict(folder="shared", check="""
+    ("README.md", "run = tripwire.open_run(\"runs/exp1\")"): dict(folder="shared", check="""
 assert run.info["status"] == "finished" and steps.tolist() == [0, 100]
 assert run.tensor("weights/net.0.weight").value(100).shape == (32, 64)  # README's config saves net.0's weights
 assert run.wait_for_step(500, timeout=60) is False  # a finished run: at once
 """),
+    ("docs/probe.md", "model = Net()"): dict(prelude=TORCH_DIGITS + """
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+loader = torch.utils.data.DataLoader(dataset(0, 1200), batch_size=32, shuffle=True)
+""", check="""
+import tripwire
+
+assert probe.run_url.endswith("runs/exp1") and not [v for v in probe.verdicts if v.counts], probe.verdicts
+assert tripwire.open_run(probe.run_url).steps(mode="train")[-1] == 9
+"""),
+    ("docs/rules.md", 'limits = {"threshold": POSITIVE}'): dict(setup=None, check="""
+import tripwire
+
+try:
+    tripwire.load_config({"rules": [{"rule": "__main__:LargeGradient", "params": {"threshold": 0}}]})
+except tripwire.ConfigError as err:
+    assert "`threshold` must be greater than 0; found 0" in str(err), err
+else:
+    raise AssertionError("a threshold of 0 passed the rule's limits")
+"""),
+    XGB_TRAIN: dict(setup=INIT_XGBOOST, prelude=CANCER, check="""
+assert cb.run_url.endswith("runs/exp1") and not [v for v in cb.verdicts if v.counts], cb.verdicts
+"""),
+    ("docs/xgboost.md", "model = xgb.XGBClassifier("): dict(setup=INIT_XGBOOST, prelude=CANCER + """
+from tripwire.plugins.xgboost import TripwireCallback
+
+cb = TripwireCallback("xgboost.yaml", out_dir="runs/exp1", eval_data=(X_val, y_val))
+""", check="""
+import tripwire
+
+assert "metrics/validation_1/logloss" in tripwire.open_run(cb.run_url).tensor_names()
+"""),
+    ("docs/xgboost.md", 'run.tensor("trees/depth").series()'): dict(setup=INIT_XGBOOST, prelude=CANCER + snippet(*XGB_TRAIN),
+                                                           check="""
+assert run.info["hyperparameters"]["max_depth"] == "3" and len(logloss) == 500  # as XGBoost reports it
+"""),
+    ("docs/compare.md", "result = tripwire.compare("): dict(setup=None, prelude=TORCH_DIGITS + """
+import tripwire
+from tripwire.plugins.torch import TripwireProbe
+
+
+def train(out, lr_from_step_5):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.tensor(x_all[:256]), torch.tensor(y_all[:256])
+    config = {"sampling": {"every": 1}, "collections": {"weights": {}, "losses": {}, "optimizer": {}}}
+    with TripwireProbe(net, optimizer, config, out_dir=out) as probe:
+        for step in range(12):
+            if step == 5:
+                optimizer.param_groups[0]["lr"] = lr_from_step_5
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+
+
+train("runs/reference", 0.1)
+train("runs/refactor", 0.05)  # the refactor's learning rate differs from step 5
+""", check="""
+assert (result.equivalent, result.first_step) == (False, 5)
+assert result.diverging[0].name == "optimizer/lr" and abs(result.diverging[0].max_abs - 0.05) < 1e-6
+"""),
+    ANALYSE: dict(folder="shared", check="""
+assert run.tensor("weights/net.0.weight").value(100).shape == (32, 64) and steps.tolist() == [0, 100]
+"""),
 }
 # The custom rule is a module of the reader's project, named by README's config: the shared run imports it.
-MODULES = {"class LargeGradient(Rule):": "my_project/rules.py"}
+MODULES = {("README.md", "class LargeGradient(Rule):"): "my_project/rules.py"}
+# Snippets not run, with the reason.
+NOT_RUN_SNIPPETS = {
+    ("docs/compare.md", "def test_refactor_trains_the_same"): "`...` stands for the reader's own training",
+    ("docs/xgboost.md", "LocalCluster("): "a Dask cluster of 4 workers writing to S3; tests/test_xgboost.py trains "
+                                         "on a Dask cluster",
+}
 
 
 def env(tmp: Path) -> dict:
@@ -180,15 +267,16 @@ def env(tmp: Path) -> dict:
             "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}  # one thread: XGBoost's crawl on shared cores
 
 
-def run_snippet(marker: str, folder: Path, case: dict | None = None) -> subprocess.CompletedProcess:
-    """Prelude, the snippet as README has it, check: one script in `folder`, run as a reader runs theirs."""
-    case = case or CASES[marker]
+def run_snippet(key: tuple[str, str], folder: Path, case: dict | None = None,
+                extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Prelude, the snippet as its document has it, check: one script in `folder`, run as a reader runs theirs."""
+    case = case or CASES[key]
     script = folder / "snippet.py"
-    script.write_text("\n".join([textwrap.dedent(case.get("prelude", "")), snippet(marker),
+    script.write_text("\n".join([textwrap.dedent(case.get("prelude", "")), snippet(*key),
                                  textwrap.dedent(case.get("check", ""))]))
-    out = subprocess.run([sys.executable, str(script)], cwd=folder, env=env(folder), capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, f"README snippet '{marker}':\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    out = subprocess.run([sys.executable, str(script)], cwd=folder, env={**env(folder), **(extra_env or {})},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"snippet {key}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return out
 
 
@@ -208,16 +296,20 @@ def shared(tmp_path_factory) -> Path:
     (folder / "rules.yaml").write_text(readme_config())
     (folder / "my_project").mkdir()
     (folder / "my_project" / "__init__.py").write_text("")
-    for marker, path in MODULES.items():
-        (folder / path).write_text(snippet(marker))
-    run_snippet("from tripwire.plugins.lightning import TripwireCallback", folder)
+    for key, path in MODULES.items():
+        (folder / path).write_text(snippet(*key))
+    run_snippet(LIGHTNING, folder)
     return folder
 
 
 def test_every_python_snippet_is_run():
-    for text in python_blocks():
-        found = [marker for marker in [*CASES, *MODULES] if marker in text]
-        assert len(found) == 1, f"README snippet without a case in CASES or MODULES (or with several):\n{text}"
+    known = [*CASES, *MODULES, *NOT_RUN_SNIPPETS]
+    for doc in DOCS:
+        for lang, text in blocks(doc):
+            found = [marker for where, marker in known if where == doc and marker in text]
+            assert lang != "python" or len(found) == 1, f"{doc}: a snippet with no case (or several):\n{text}"
+    for key in known:
+        assert snippet(*key)  # each marker names one snippet
 
 
 def test_the_lightning_snippet_with_readme_s_config(shared):
@@ -229,7 +321,18 @@ def test_the_lightning_snippet_with_readme_s_config(shared):
 
 
 def test_reading_runs(shared):
-    run_snippet("run = tripwire.open_run(\"runs/exp1\")", shared)
+    run_snippet(READING, shared)
+
+
+def test_the_read_api_over_s3(shared, s3_server):
+    """docs/analyse.md's read API over the shared run, copied to `s3://bucket/runs/exp1` on a local S3 server: the
+    AWS variables of the environment reach it, as they reach a reader's."""
+    import s3fs
+
+    s3_server.bucket("bucket")
+    s3fs.S3FileSystem(**s3_server.storage_options).put(str(shared / "runs" / "exp1"), "bucket/runs/exp1",
+                                                       recursive=True)
+    run_snippet(ANALYSE, shared, extra_env=s3_server.env)
 
 
 def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
@@ -243,14 +346,15 @@ def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
     assert out.returncode == 0 and "0 finding(s)" in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("marker", [m for m, case in CASES.items() if case.get("folder") != "shared"])
-def test_snippet(marker, tmp_path):
-    setup = CASES[marker].get("setup", "tripwire init")  # README: a copy of rules.yaml in the reader's repo
-    assert setup in shell_lines() + re.findall(r"`(tripwire [^`]*)`", README.read_text())
-    init = cli(tmp_path, setup)
-    assert init.returncode == 0 and "wrote" in init.stdout, init.stdout + init.stderr
-    run_snippet(marker, tmp_path)
-
+@pytest.mark.parametrize("key", [key for key, case in CASES.items() if case.get("folder") != "shared"],
+                         ids=lambda key: f"{key[0]}: {key[1]}")
+def test_snippet(key, tmp_path):
+    setup = CASES[key].get("setup", "tripwire init")
+    if setup:
+        assert setup in (ROOT / key[0]).read_text() + README.read_text()
+        init = cli(tmp_path, setup)
+        assert init.returncode == 0 and "wrote" in init.stdout, init.stdout + init.stderr
+    run_snippet(key, tmp_path)
 
 
 # Shell lines that are neither run here nor checked elsewhere, with the reason.
@@ -294,7 +398,7 @@ def test_tripwire_commands_in_prose_exist(capsys):
             main([verb, "--help"])
         assert done.value.code == 0, verb
         helps += capsys.readouterr().out
-    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", text)) - {"--logdir"}  # TensorBoard's own option
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", text))
     assert options and {o for o in options if o not in helps} == set()
 
 
@@ -304,7 +408,7 @@ def test_shell_commands_over_the_shared_run(shared):
     for name in ("a", "b"):
         shutil.copytree(shared / "runs" / "exp1", shared / "runs" / name)
     assert cli(shared, "tripwire init -o other.yaml").returncode == 0
-    setups = {case["setup"] for case in CASES.values() if "setup" in case}
+    setups = {case["setup"] for case in CASES.values() if case.get("setup")}
     ran = []
     for command in commands([line for line in shell_lines() if line.startswith("tripwire ")]):
         if command in setups:
@@ -325,7 +429,7 @@ def test_shell_commands_over_the_shared_run(shared):
 
 def test_the_config_error_shown_is_the_one_such_a_file_gives(tmp_path, monkeypatch):
     """README shows the ConfigError of a rules.yaml with three mistakes, at lines 3, 7 and 10: this is such a file."""
-    (shown,) = [text for lang, text in blocks(README) if lang == "" and "mistakes; fix them all" in text]
+    (shown,) = [text for lang, text in blocks() if lang == "" and "mistakes; fix them all" in text]
     monkeypatch.chdir(tmp_path)
     Path("rules.yaml").write_text(textwrap.dedent("""\
         version: 1
@@ -347,9 +451,9 @@ def test_the_config_error_shown_is_the_one_such_a_file_gives(tmp_path, monkeypat
 def test_the_output_shown_is_what_a_training_that_blows_up_prints(tmp_path):
     """The Lightning snippet over the demo's faulty model (learning rate 50) prints README's lines: in order, each
     line one of tripwire's; `…` stands for any text, a line of `…` alone for lines left out."""
-    (shown,) = [text for lang, text in blocks(README) if lang == "" and "a learning rate of 0.015" in text]
+    (shown,) = [text for lang, text in blocks() if lang == "" and "a learning rate of 0.015" in text]
     assert cli(tmp_path, "tripwire init").returncode == 0
-    out = run_snippet("from tripwire.plugins.lightning import TripwireCallback", tmp_path, dict(prelude="""
+    out = run_snippet(LIGHTNING, tmp_path, dict(prelude="""
 import lightning.pytorch as pl
 
 from tripwire.demo import _digits, _Model
