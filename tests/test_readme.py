@@ -5,6 +5,7 @@ blocks runs against runs those snippets wrote, with the exit status README gives
 outputs README shows are what tripwire prints. The `pip install` lines are checked by tests/test_install.py
 (distribution and extras)."""
 
+import json
 import os
 import re
 import shlex
@@ -28,13 +29,30 @@ def blocks(doc: str = "README.md") -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", (ROOT / doc).read_text(), re.M | re.S)
 
 
-def shell_lines() -> list[str]:
-    """Every command of README's shell blocks, without its comment; continuation comments dropped."""
+def shell_lines(doc: str = "README.md") -> list[str]:
+    """Every command of a document's shell blocks, without its comment (in a console block, the lines after `$ `)."""
     lines = []
-    for lang, text in blocks():
-        if lang in ("sh", "bash", "console"):
-            lines += [c for c in (line.split("#", 1)[0].strip() for line in text.splitlines()) if c]
-    return lines
+    for lang, text in blocks(doc):
+        if lang in ("sh", "bash"):
+            lines += [line.split("#", 1)[0].strip() for line in text.splitlines()]
+        elif lang == "console":
+            lines += [line[2:].split("#", 1)[0].strip() for line in text.splitlines() if line.startswith("$ ")]
+    return [line for line in lines if line]
+
+
+def assert_shows(shown: str, printed: list[str]) -> None:
+    """Each line a document shows is one of the lines printed, in order, consecutive: `…` in a line stands for any
+    text, a line of `…` alone for lines left out."""
+    at, skip = 0, False
+    for line in shown.splitlines():
+        if line.strip() == "…":
+            skip = True
+            continue
+        pattern = re.compile(".*".join(map(re.escape, line.split("…"))))
+        while skip and at < len(printed) and not pattern.fullmatch(printed[at]):
+            at += 1
+        assert at < len(printed) and pattern.fullmatch(printed[at]), f"shown:\n{line}\nprinted:\n" + "\n".join(printed)
+        at, skip = at + 1, False
 
 
 def readme_config() -> str:
@@ -76,6 +94,7 @@ params = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth":
 INIT_XGBOOST = "tripwire init --framework xgboost"
 XGB_TRAIN = ("docs/xgboost.md", 'cb = TripwireCallback("xgboost.yaml", out_dir="runs/exp1"')
 
+COMPARE = ("docs/compare.md", "result = tripwire.compare(")
 ANALYSE = ("docs/analyse.md", 'run = tripwire.open_run("s3://bucket/runs/exp1")')
 LIGHTNING = ("README.md", "from tripwire.plugins.lightning import TripwireCallback")
 READING = ("README.md", 'run = tripwire.open_run("runs/exp1")')
@@ -218,17 +237,27 @@ assert "metrics/validation_1/logloss" in tripwire.open_run(cb.run_url).tensor_na
                                                            check="""
 assert run.info["hyperparameters"]["max_depth"] == "3" and len(logloss) == 500  # as XGBoost reports it
 """),
-    ("docs/compare.md", "result = tripwire.compare("): dict(setup=None, prelude=TORCH_DIGITS + """
+    COMPARE: dict(folder="compare", prelude=TORCH_DIGITS + """
 import tripwire
 from tripwire.plugins.torch import TripwireProbe
 
 
-def train(out, lr_from_step_5):
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def train(out, lr_from_step_5):  # 12 steps, every one captured, the full weights and biases among them
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 10))
+    net = Net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     x, y = torch.tensor(x_all[:256]), torch.tensor(y_all[:256])
-    config = {"sampling": {"every": 1}, "collections": {"weights": {}, "losses": {}, "optimizer": {}}}
+    config = {"sampling": {"every": 1}, "collections": {"weights": {"save": "tensors"}, "biases": {"save": "tensors"},
+                                                        "losses": {}, "optimizer": {}}}
     with TripwireProbe(net, optimizer, config, out_dir=out) as probe:
         for step in range(12):
             if step == 5:
@@ -262,7 +291,7 @@ NOT_RUN_SNIPPETS = {
 
 def env(tmp: Path) -> dict:
     """A reader's environment: this checkout's tripwire, Keras on TensorFlow with its home in tmp, no warnings."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "KERAS_HOME": str(tmp / "keras-home"), "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
             "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}  # one thread: XGBoost's crawl on shared cores
 
@@ -333,6 +362,19 @@ def test_the_read_api_over_s3(shared, s3_server):
     s3fs.S3FileSystem(**s3_server.storage_options).put(str(shared / "runs" / "exp1"), "bucket/runs/exp1",
                                                        recursive=True)
     run_snippet(ANALYSE, shared, extra_env=s3_server.env)
+    out = subprocess.run([sys.executable, "-m", "tripwire", *shlex.split(S3_LS)[1:]], cwd=shared,
+                         env={**env(shared), **s3_server.env}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and [r["name"] for r in json.loads(out.stdout)] == ["exp1"], out.stdout + out.stderr
+
+
+def test_the_compare_output_shown(tmp_path):
+    """docs/compare.md's snippet over two runs whose learning rates part at step 5, and its `tripwire compare`
+    of them, which prints what the page shows and exits 1 (diverged)."""
+    run_snippet(COMPARE, tmp_path)
+    (shown,) = [text for lang, text in blocks("docs/compare.md") if lang == "console"]
+    out = cli(tmp_path, COMPARE_CLI)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert_shows("\n".join(shown.splitlines()[1:]), out.stdout.splitlines())
 
 
 def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
@@ -346,7 +388,7 @@ def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
     assert out.returncode == 0 and "0 finding(s)" in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("key", [key for key, case in CASES.items() if case.get("folder") != "shared"],
+@pytest.mark.parametrize("key", [key for key, case in CASES.items() if "folder" not in case],
                          ids=lambda key: f"{key[0]}: {key[1]}")
 def test_snippet(key, tmp_path):
     setup = CASES[key].get("setup", "tripwire init")
@@ -358,7 +400,16 @@ def test_snippet(key, tmp_path):
 
 
 # Shell lines that are neither run here nor checked elsewhere, with the reason.
-NOT_RUN = {"git clone <this repository's URL> tripwire && cd tripwire": "the test runs in a clone already"}
+NOT_RUN = {
+    "git clone <this repository's URL> tripwire && cd tripwire": "the test runs in a clone already",
+    "export TRIPWIRE_STORAGE_OPTIONS='{\"client_kwargs\": {\"endpoint_url\": \"http://minio:9000\"}, \"key\": \"…\", "
+    "\"secret\": \"…\"}'": "a placeholder server and keys; test_the_read_api_over_s3 passes a real one that way",
+}
+# The commands of docs/ that a test of their own runs (README's all run in test_shell_commands_over_the_shared_run).
+S3_LS = "tripwire ls s3://bucket/runs --json"
+COMPARE_CLI = "tripwire compare runs/reference runs/refactor"
+EXPORT = "tripwire export tensorboard runs/exp1 tb/exp1 && tensorboard --logdir tb"  # TensorBoard serves: not run
+BENCH = ".venv/bin/python -m benchmarks.run"  # minutes each: `--help` says the options exist
 
 
 def commands(lines: list[str]) -> list[str]:
@@ -372,17 +423,34 @@ def commands(lines: list[str]) -> list[str]:
 
 def test_every_shell_command_is_checked():
     """Each line is a `make` target (checked below), a `pip install` (tests/test_install.py checks its extras), a
-    `tripwire` command (run below or as a snippet's setup), or in NOT_RUN with its reason."""
-    for line in shell_lines():
-        assert line.split()[0] in ("make", "pip", "tripwire") or line in NOT_RUN, line
-    assert set(NOT_RUN) <= set(shell_lines()), "NOT_RUN names a line README no longer has"
+    `tripwire` command (run below or as a snippet's setup), a benchmark, or in NOT_RUN with its reason."""
+    run = {*commands(shell_lines()), *(case["setup"] for case in CASES.values() if case.get("setup")), S3_LS, COMPARE_CLI,
+           EXPORT}
+    for doc in DOCS:
+        for line in commands(shell_lines(doc)):
+            assert line.split()[0] in ("make", "pip") or line in run or line in NOT_RUN or line.startswith(BENCH), \
+                f"{doc}: {line}"
+    everywhere = {line for doc in DOCS for line in shell_lines(doc)}
+    assert {*NOT_RUN, S3_LS, COMPARE_CLI, EXPORT} <= everywhere, "a command named here that no document has"
 
 
 def test_make_targets_exist():
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
-    named = {line.split()[1] for line in shell_lines() if line.startswith("make ")}
-    named |= set(re.findall(r"`make (\w+)`", README.read_text()))
+    named = {line.split()[1] for doc in DOCS for line in shell_lines(doc) if line.startswith("make ")}
+    named |= {target for doc in DOCS for target in re.findall(r"`make (\w+)`", (ROOT / doc).read_text())}
     assert named and named <= targets, named - targets
+
+
+def test_the_benchmark_commands_name_options_and_families_it_has():
+    lines = [line for line in shell_lines("docs/benchmarks.md") if line.startswith(BENCH)]
+    usage = subprocess.run([sys.executable, *shlex.split(BENCH)[1:], "--help"], cwd=ROOT, env=env(ROOT),
+                           capture_output=True, text=True, timeout=300)
+    assert lines and usage.returncode == 0, usage.stderr
+    for line in lines:
+        args = shlex.split(line)[3:]
+        assert {a for a in args if a.startswith("--")} <= set(re.findall(r"--[a-z]+", usage.stdout)), line
+        if "--only" in args:
+            assert set(args[args.index("--only") + 1].split(",")) <= set(re.findall(r"\w+", usage.stdout)), line
 
 
 def test_tripwire_commands_in_prose_exist(capsys):
@@ -425,6 +493,8 @@ def test_shell_commands_over_the_shared_run(shared):
     assert (shared / "report.html").is_file() and (shared / "runs" / "index.html").is_file()
     assert list((shared / "tb").glob("train/events.out.tfevents.*"))
     assert len(ran) == 8, ran
+    out = cli(shared, EXPORT.split(" && ")[0])  # docs/analyse.md: one run's events in a folder of its own
+    assert out.returncode == 0 and list((shared / "tb" / "exp1").glob("train/events.out.tfevents.*")), out.stderr
 
 
 def test_the_config_error_shown_is_the_one_such_a_file_gives(tmp_path, monkeypatch):
@@ -464,14 +534,4 @@ model = _Model(lr=50.0, dead=False)
 """))
     printed = [line for line in (out.stdout + out.stderr).splitlines()
                if line.startswith(("tripwire: ", "diagnosis ", "    "))]
-    at, skip = 0, False
-    for line in shown.splitlines():
-        if line == "…":
-            skip = True
-            continue
-        pattern = re.compile(".*".join(map(re.escape, line.split("…"))))
-        while skip and at < len(printed) and not pattern.fullmatch(printed[at]):
-            at += 1
-        assert at < len(printed) and pattern.fullmatch(printed[at]), f"README shows:\n{line}\nprinted:\n" + \
-            "\n".join(printed)
-        at, skip = at + 1, False
+    assert_shows(shown, printed)
