@@ -20,6 +20,7 @@ import time
 
 from .config import load_config
 from .errors import StoreUnavailable, TripwireError
+from .naming import collection_of
 from .rules.engine import RuleEngine
 from .store import FINAL_STATES, sealed_json, verdict_key_of, verdict_name
 from .watcher import Heartbeat, heartbeat_every
@@ -59,7 +60,10 @@ class Evaluator:
         after each row (the watcher keeps its heartbeat through a long backlog)."""
         new = []
         for step, mode, worker in self.step_rows():
-            for verdict in self.engine.evaluate(self.run, step, mode, worker):
+            # As in training, a rule is judged only at the steps that hold some of the collections it reads: a
+            # rule that reads gradients is not asked about a step that stored only the loss.
+            captured = {collection_of(name) for name in self.run.tensor_names(step=step, mode=mode, worker=worker)}
+            for verdict in self.engine.evaluate(self.run, step, mode, worker, captured):
                 new.append(verdict)
                 self.verdicts.append(verdict)  # kept even if a later row fails on a storage error
                 if on_verdict:

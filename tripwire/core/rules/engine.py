@@ -78,9 +78,9 @@ class RuleEngine:
     def evaluate(self, view, step: int, mode: str, worker: int, captured: set | None = None) -> list[Verdict]:
         """New verdicts at this step (fired or error).
 
-        captured: the collections recorded at this step, where known (in the training process). A rule that
-        requires collections, none of them among these, is not evaluated: its data did not change since it
-        last was (e.g. the loss-only steps of the default config)."""
+        captured: the collections recorded at this step (in the training process; offline, those stored there). A
+        rule that requires collections, none of them among these, is not evaluated: its data did not change since
+        it last was (e.g. the loss-only steps of the default config)."""
         out = []
         scoped = None
         for slot in self.slots:
