@@ -96,13 +96,17 @@ out the custom rules a run's stored config names, unless you pass `--trust-run` 
 
 
 def requirement_lines(rule) -> list[str]:
+    from .naming import SCALAR_COLLECTIONS
+
     lines = []
     for req in rule.requires():
         what = "every tensor collection captured" if req.collection == "*" else f"`{req.collection}`"
         parts = [f"reductions {', '.join(req.reductions)}" if req.reductions else "",
                  "full tensors" if req.save_tensors else "",
                  f"layers matching {', '.join(req.include)}" if req.include else "",
-                 f"at steps {req.steps[0]}..{req.steps[-1]} only (sampled for it)" if req.steps else "",
+                 "" if not req.steps else f"at steps {req.steps[0]}..{req.steps[-1]} too (sampled for it)"
+                 if req.collection in SCALAR_COLLECTIONS else f"at steps {req.steps[0]}..{req.steps[-1]} only "
+                 "(sampled for it)",
                  "where the framework has it" if req.optional else ""]
         lines.append(what + "".join(f"; {p}" for p in parts if p))
     return lines

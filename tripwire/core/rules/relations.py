@@ -39,7 +39,7 @@ class TrainingRelations(Rule):
                  "relation: `stale_gradients` — after an optimizer step, a parameter's gradient arrived at every "
                  "backward pass of the next step on top of a `.grad` that was not cleared (error); `eval_mode` — an "
                  "optimizer stepped while the model, as a whole, was in eval mode, with dropout or batch "
-                 "normalisation in it (warning). Plain torch loops (the probe) and Lightning's manual optimisation; "
+                 "normalisation in it (warning; the probe tells it at the step it happens, sampled or not). Plain torch loops (the probe) and Lightning's manual optimisation; "
                  "Lightning's automatic optimisation, the Hugging Face Trainer and Keras clear gradients themselves")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
     source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
