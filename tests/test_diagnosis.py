@@ -265,3 +265,10 @@ def test_a_loss_summed_over_the_batch_is_named_in_the_learning_rate_fix(tmp_path
             probe.step(loss)
     (verdict,) = [v for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
     assert verdict.finding == "high" and "reduction='sum'" in verdict.hint
+
+
+def test_a_rule_of_the_users_is_named_by_its_class():
+    (found,) = diagnose([verdict("my_project.rules:LargeGradient", 3)])
+    assert found.cause == "LargeGradient"
+    (builtin,) = diagnose([verdict("some_rule_of_ours", 4)])
+    assert builtin.cause == "some rule of ours"

@@ -136,9 +136,13 @@ class Diagnosis:
 
     @property
     def cause(self) -> str:
-        """The cause in words: what the primary verdict's kind stands for."""
+        """The cause in words: what the primary verdict's kind stands for; a rule of the user's (`module:Class`)
+        by its class."""
         found = CAUSES.get(kind(self.primary))
-        return found.title if found is not None else self.primary.rule.replace("_", " ")
+        if found is not None:
+            return found.title
+        rule = self.primary.rule
+        return rule.rsplit(":", 1)[1] if ":" in rule else rule.replace("_", " ")
 
     @property
     def verdicts(self) -> tuple:
