@@ -11,7 +11,7 @@ import pytest
 
 import tripwire
 from tripwire import ConfigError, Requirement, Rule
-from tripwire.core.config import SHARE, Range
+from tripwire.core.ranges import SHARE, Range
 from tripwire.plugins.lightning import TripwireCallback
 
 ROOT = Path(__file__).parents[1]

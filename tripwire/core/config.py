@@ -13,16 +13,16 @@ a file in the working directory reads the packaged one.
 from __future__ import annotations
 
 import copy
-import math
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from typing import Any, Mapping
 
+from .configcheck import Checker, shown
 from .errors import ConfigError, did_you_mean
 from .naming import COLLECTIONS, MODES, SCALAR_COLLECTIONS, VALUE
 from .plan import plan_collections
+from .ranges import ANY, Range
 from .reductions import REDUCTIONS
 from .sampling import SCHEDULE_KEYS, CapturePlan
 from .verdict import SEVERITIES
@@ -156,7 +156,7 @@ def load_config(config: Any = None, *, imports: bool = True) -> Config:
     if config is None:
         return _from_text(packaged_config("rules.yaml"), "rules.yaml (packaged default)")
     if isinstance(config, Mapping):
-        return _build(copy.deepcopy(dict(config)), _Checker("<dict>", {}, imports))
+        return _build(copy.deepcopy(dict(config)), Checker("<dict>", {}, imports))
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if isinstance(config, str) and "\n" in config:
@@ -184,51 +184,8 @@ def _from_text(text: str, source: str, imports: bool = True) -> Config:
     from .yamlsource import load_yaml
 
     data, lines = load_yaml(text, source)
-    return _build(data, _Checker(source, lines, imports))
+    return _build(data, Checker(source, lines, imports))
 
-
-@dataclass(frozen=True)
-class Range:
-    """The values a number of the config may take: from `low` to `high` (None: no bound on that side), each end
-    included unless `low_open`/`high_open` says otherwise; `what` says what the number is ("a percentage").
-    Every number of a config is finite besides."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    what: str = ""
-
-    def __contains__(self, value) -> bool:
-        above = self.low is None or value > self.low or (value == self.low and not self.low_open)
-        below = self.high is None or value < self.high or (value == self.high and not self.high_open)
-        return _finite(value) and above and below
-
-    def __str__(self) -> str:
-        low = None if self.low is None else f"{'greater than' if self.low_open else 'at least'} {_number(self.low)}"
-        high = None if self.high is None else f"{'below' if self.high_open else 'at most'} {_number(self.high)}"
-        if low and high and not (self.low_open or self.high_open):
-            text = f"between {_number(self.low)} and {_number(self.high)}"
-        else:
-            text = " and ".join(filter(None, (low, high))) or "any finite number"
-        return text + (f" ({self.what})" if self.what else "")
-
-
-def _finite(value) -> bool:
-    """Not inf or NaN (an int of any size is finite; math.isfinite would overflow converting it to a float)."""
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-def _number(value: float) -> str:
-    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
-
-
-ANY = Range()
-AT_LEAST_0 = Range(0)
-POSITIVE = Range(0, low_open=True)
-COUNT = Range(1)
-PERCENT = Range(0, 100, what="a percentage")
-SHARE = Range(0, 1, what="a share")
 
 # The settings of `writer:` and `evaluation:` that are numbers, and their ranges. The caps keep a value from
 # overflowing where it is used (a queue counted in bytes, a timeout passed to a wait) long before it reaches
@@ -248,157 +205,13 @@ SETTING_CHOICES = {
 }
 
 
-class _Invalid(Exception):
-    """A value `_Checker.fail` reported: the part of the config it is in is left out (`_Checker.part`), and
-    checking goes on with the next."""
-
-
-class _Checker:
-    """Type, key and range checks that note each mistake at its file, line and key. `done` raises one ConfigError
-    that lists them all: a config with four mistakes takes one run to fix, not four."""
-
-    def __init__(self, source: str, lines: dict, imports: bool = True):
-        self.source, self.lines, self.imports = source, lines, imports
-        self.left_out: list = []  # custom rules not imported (imports=False)
-        self.problems: list[ConfigError] = []
-
-    def error(self, path: tuple, message: str) -> ConfigError:
-        line = None
-        for i in range(len(path), -1, -1):
-            if path[:i] in self.lines:
-                line = self.lines[path[:i]]
-                break
-        key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[") or None
-        return ConfigError(message, source=self.source, line=line, key=key)
-
-    def report(self, path: tuple, message: str) -> None:
-        """Note a mistake; checking goes on."""
-        self.problems.append(self.error(path, message))
-
-    def fail(self, path: tuple, message: str):
-        """Note a mistake and leave out the part of the config being checked."""
-        self.report(path, message)
-        raise _Invalid
-
-    @contextmanager
-    def part(self):
-        """Check one part of the config (a key, a list item, a rule): a mistake in it leaves it out, and checking
-        goes on with the next part."""
-        try:
-            yield
-        except _Invalid:
-            pass
-
-    def done(self) -> None:
-        """Raise every mistake noted, in line order, as one ConfigError."""
-        if self.problems:
-            raise ConfigError.of(sorted(self.problems, key=lambda p: p.line or 0))
-
-    def mapping(self, value, path, allowed) -> dict:
-        """The mapping without its unknown keys, each reported."""
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a mapping with keys {', '.join(allowed)}; got {_show(value)}.")
-        for key in value:
-            if key not in allowed:
-                self.report(path + (key,), f"unknown key '{key}'. Allowed here: {', '.join(allowed)}."
-                            + did_you_mean(key, allowed))
-        return {k: v for k, v in value.items() if k in allowed}
-
-    def needs(self, raw: dict, given, key: str, path, message: str) -> None:
-        """`raw` (the checked mapping `given`) must hold `key`: `message` says so, unless a key reported as unknown
-        (misspelt) stands for it."""
-        if key not in raw:
-            if given and len(raw) < len(given):
-                raise _Invalid
-            self.fail(path, message)
-
-    def section(self, value, path, allowed) -> dict:
-        """A mapping of the config, or {} where it is not one (reported): its keys' defaults then stand."""
-        with self.part():
-            return self.mapping(value, path, allowed)
-        return {}
-
-    def integer(self, value, path, minimum=None, optional=False):
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"expected an integer{' or null' if optional else ''}; got {_show(value)}.")
-        if minimum is not None and value < minimum:
-            self.fail(path, f"must be at least {minimum}; got {value}.")
-        return value
-
-    def number(self, value, path, limits: Range = ANY):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(path, f"expected a number; got {_show(value)}.")
-        return float(self.within(value, path, limits))
-
-    def within(self, value, path, limits: Range):
-        """A number, checked to be finite and within its range."""
-        if not _finite(value):
-            self.fail(path, f"must be a finite number; got {value} ({_YAML_WORDS[str(value)]} in YAML). "
-                            f"Valid: {limits}.")
-        if value not in limits:
-            self.fail(path, f"`{path[-1]}` must be {limits}; found {value}.")
-        return value
-
-    def boolean(self, value, path):
-        if not isinstance(value, bool):
-            self.fail(path, f"expected true or false; got {_show(value)}.")
-        return value
-
-    def string(self, value, path):
-        if not isinstance(value, str):
-            self.fail(path, f"expected a string; got {_show(value)}.")
-        return value
-
-    def choice(self, value, path, choices):
-        if value not in choices:
-            self.fail(path, f"'{value}' is not allowed. Choose one of: {', '.join(map(str, choices))}."
-                      + did_you_mean(value, [str(c) for c in choices]))
-        return value
-
-    def listing(self, value, path, item) -> list:
-        """The items that pass `item(value, path)`; each that does not is reported and left out."""
-        if value is None:
-            return []
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list):
-            self.fail(path, f"expected a list; got {_show(value)}.")
-        out = []
-        for i, v in enumerate(value):
-            with self.part():
-                out.append(item(v, path + (i,)))
-        return out
-
-    def regex(self, value, path):
-        import re
-
-        self.string(value, path)
-        try:
-            re.compile(value)
-        except re.error as exc:
-            self.fail(path, f"'{value}' is not a valid regular expression: {exc}.")
-        return value
-
-
-_YAML_WORDS = {"inf": ".inf", "-inf": "-.inf", "nan": ".nan"}
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) < 60 else text[:57] + '...'}"
-
-
 TOP_KEYS = ("version", "output", "storage_options", "sampling", "collections", "rules", "evaluation", "writer",
             "workers", "tensorboard", "loggers")
 COLLECTION_KEYS = ("include", "exclude", "reductions", "save") + SCHEDULE_KEYS + ("modes",)
 RULE_KEYS = ("rule", "name", "params", "actions")
 
 
-def _build(data: Any, c: _Checker) -> Config:
+def _build(data: Any, c: Checker) -> Config:
     """Check the whole config, noting every mistake, then raise them all at once or build the Config. A value
     with a mistake is left out and its default stands in while the rest is checked."""
     data = c.section(data, (), TOP_KEYS)
@@ -443,7 +256,7 @@ def _build(data: Any, c: _Checker) -> Config:
     return config
 
 
-def _settings(cls, value, section: str, c: _Checker):
+def _settings(cls, value, section: str, c: Checker):
     """`writer:` or `evaluation:` as its dataclass: each key checked as SETTING_RANGES or SETTING_CHOICES say
     (the others are true/false); a key with a mistake keeps its default."""
     raw = c.section(value, (section,), [f.name for f in fields(cls)])
@@ -457,7 +270,7 @@ def _settings(cls, value, section: str, c: _Checker):
     return cls(**out)
 
 
-def _sampling(value, path, c: _Checker, allow_modes: bool) -> dict:
+def _sampling(value, path, c: Checker, allow_modes: bool) -> dict:
     keys = SCHEDULE_KEYS + (("modes",) if allow_modes else ())
     raw = c.section(value, path, keys)
     out: dict = {}
@@ -477,7 +290,7 @@ def _sampling(value, path, c: _Checker, allow_modes: bool) -> dict:
     return out
 
 
-def _collection(name: str, body: Any, path: tuple, c: _Checker) -> dict:
+def _collection(name: str, body: Any, path: tuple, c: Checker) -> dict:
     raw = c.section(body, path, COLLECTION_KEYS)
     out = _sampling({k: raw[k] for k in raw if k in SCHEDULE_KEYS + ("modes",)}, path, c, allow_modes=True)
     for key in ("include", "exclude"):
@@ -497,7 +310,7 @@ def _collection(name: str, body: Any, path: tuple, c: _Checker) -> dict:
     return out
 
 
-def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
+def _rule(value: Any, path: tuple, c: Checker) -> RuleSpec | None:
     """One entry of `rules:`; its parameters are checked against the rule's defaults (their kind) and ranges."""
     from .rules.registry import RuleLoadError, rule_class, rule_names
 
@@ -523,7 +336,7 @@ def _rule(value: Any, path: tuple, c: _Checker) -> RuleSpec | None:
             default = defaults[key]
             if default is not None and not _same_kind(given, default):
                 c.fail(path + ("params", key), f"expected {_kind(default)} like the default {default!r}; "
-                                               f"got {_show(given)}.")
+                                               f"got {shown(given)}.")
             if isinstance(given, (int, float)) and not isinstance(given, bool):
                 c.within(given, path + ("params", key), ranges.get(key, ANY))
             params[key] = given
@@ -559,7 +372,7 @@ def _kind(default) -> str:
             tuple: "a list", dict: "a mapping"}.get(type(default), type(default).__name__)
 
 
-def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
+def _action(value: Any, path: tuple, c: Checker) -> ActionSpec:
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ENDING_ACTIONS:
         name, severity = next(iter(value.items()))
         c.choice(severity, path + (name,), SEVERITIES)
@@ -579,7 +392,7 @@ def _action(value: Any, path: tuple, c: _Checker) -> ActionSpec:
     return ActionSpec(name)
 
 
-def _check_call(target: str, path: tuple, c: _Checker) -> None:
+def _check_call(target: str, path: tuple, c: Checker) -> None:
     """The module a `call:` action names imports and holds a callable of that name: found now, not when the rule
     fires hours into training. Only the module the user's own config names is imported."""
     import importlib

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .config import _Checker
+from .configcheck import Checker
 from .errors import ConfigError
 from .yamlsource import load_yaml
 
@@ -71,7 +71,7 @@ def load_name_map(spec=None) -> NameMap:
     if spec is None or isinstance(spec, NameMap):
         return spec or NameMap()
     if isinstance(spec, Mapping):
-        return _build_map(dict(spec), _Checker("<dict>", {}))
+        return _build_map(dict(spec), Checker("<dict>", {}))
     if not isinstance(spec, (str, os.PathLike)):
         raise ConfigError(f"a name map is a path, a dict or a NameMap, not {type(spec).__name__}.")
     source = os.fspath(spec)
@@ -83,7 +83,7 @@ def load_name_map(spec=None) -> NameMap:
     else:
         raise ConfigError(f"no name map file at '{source}' (working directory {os.getcwd()}).", source=source)
     data, lines = load_yaml(text, source)
-    return _build_map(data, _Checker(source, lines))
+    return _build_map(data, Checker(source, lines))
 
 
 def _build_map(data, c) -> NameMap:

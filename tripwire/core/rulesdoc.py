@@ -58,13 +58,13 @@ config's `params:` are checked against. `requires()` declares the data (and so t
 unless the class says `severity = "error"` (or `fire(..., severity=...)` does): set it to `error` where your
 rule's `stop` should act. A config's value for a numeric parameter must be at least 0 where the default is; a
 class attribute `limits` gives a parameter another range (a `Range`, or `PERCENT`, `SHARE`, `COUNT`, `POSITIVE`,
-from `tripwire.core.config`).
+from `tripwire.core.ranges`).
 
 ```python
 from dataclasses import dataclass
 
 from tripwire import Requirement, Rule
-from tripwire.core.config import POSITIVE
+from tripwire.core.ranges import POSITIVE
 
 
 @dataclass

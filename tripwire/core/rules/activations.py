@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..config import COUNT, PERCENT
+from ..ranges import COUNT, PERCENT
 from .base import NotApplicable, Requirement, Rule, held, values_at
 
 

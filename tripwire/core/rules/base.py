@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import ClassVar
 
-from ..config import ANY, AT_LEAST_0, Range
+from ..ranges import ANY, AT_LEAST_0, Range
 from ..model import role_of
 from ..verdict import Verdict
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ANY, COUNT, POSITIVE, SHARE, Range
+from ..ranges import ANY, COUNT, POSITIVE, SHARE, Range
 from ..firststep import task_of
 from .base import NotApplicable, Requirement, Rule
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import COUNT, POSITIVE, SHARE
+from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, held, of_roles, values_at
 

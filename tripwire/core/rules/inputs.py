@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import COUNT, Range
+from ..ranges import COUNT, Range
 from .base import Requirement, Rule
 
 STATISTICS = ("mean", "std", "min", "max")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..config import COUNT, SHARE
+from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from ..naming import MODES, collection_of
 from .base import Requirement, Rule, of_roles

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import COUNT, POSITIVE, SHARE
+from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, learning_rates, of_roles, values_at
 

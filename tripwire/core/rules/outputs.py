@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import COUNT, Range
+from ..ranges import COUNT, Range
 from .base import NotApplicable, Requirement, Rule
 from .classification import NotClassIds, _classified
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import COUNT, SHARE, Range
+from ..ranges import COUNT, SHARE, Range
 from .base import Requirement, Rule
 from .losses import train_means_at_evals
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import PERCENT, Range
+from ..ranges import PERCENT, Range
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
 from .base import Requirement, Rule, of_roles, reductions_at, values_at

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import POSITIVE
+from ..ranges import POSITIVE
 from .base import Rule
 
 

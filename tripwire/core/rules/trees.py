@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import COUNT, SHARE
+from ..ranges import COUNT, SHARE
 from .base import NotApplicable, Requirement, Rule
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import COUNT, POSITIVE, Range
+from ..ranges import COUNT, POSITIVE, Range
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, learning_rates, of_roles, values_at
 
