@@ -42,9 +42,9 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import TorchCapture
 from .firststep import LossSpy
-from .relations import eval_mode_modules
 from .losswatch import LossWatch
 from .reduce import Reductions
+from .relations import MODE_DEPENDENT, eval_mode_modules
 from .structure import describe
 
 log = logging.getLogger("tripwire")
@@ -82,7 +82,8 @@ class TripwireProbe:
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
         self._after_optimizer = False  # the previous step ended with an optimizer's step
-        self._eval_mode_said = False  # training in eval mode was recorded (once is enough)
+        # training in eval mode matters where a module computes differently in it; said once is enough
+        self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]

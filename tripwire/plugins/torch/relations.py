@@ -45,16 +45,15 @@ class GradientsCleared:
 
     def stale(self) -> int | None:
         """Parameters whose gradient never arrived at a cleared `.grad` this step; None where no gradient arrived
-        (no backward pass ran: nothing to judge). Removes the hooks."""
+        (no backward pass ran: nothing to judge). The device flags are read in one copy. Removes the hooks."""
         self.remove()
         if not self._clear:
             return None
-        stale = 0
-        for arrivals in self._clear.values():
-            if any(a is None for a in arrivals):
-                continue
-            stale += not any(bool(a) for a in arrivals)
-        return stale
+        judged = [arrivals for arrivals in self._clear.values() if all(a is not None for a in arrivals)]
+        flags = [a for arrivals in judged for a in arrivals if isinstance(a, torch.Tensor)]
+        read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
+        clear = [[a if isinstance(a, bool) else next(read) for a in arrivals] for arrivals in judged]
+        return sum(not any(arrivals) for arrivals in clear)
 
     def remove(self) -> None:
         for handle in self._handles:
