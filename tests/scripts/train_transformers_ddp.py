@@ -68,3 +68,9 @@ with open(f"{a.result}-{rank}.json", "w") as f:
 if torch.distributed.is_initialized():  # gloo's threads end with the group, not at interpreter exit (an abort)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+# The run is closed and the result written: leave without the interpreter's teardown, where under load a C++
+# thread of the distributed stack was still found running and the process aborted (SIGABRT) after its work
+# was done (seen twice in full suite runs, never alone).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
