@@ -1,17 +1,21 @@
 """training_relations: bugs that show no bad number, caught at the step they first show — a missing zero_grad()
-(at step 1) and training in eval mode — in the plain-torch probe and in Lightning's manual optimisation; each
-buggy loop has a healthy twin that must stay silent (accumulation, zero_grad between forward and backward, a GAN's
-two optimizers, BatchNorm frozen in eval mode on purpose)."""
+(at step 1), training in eval mode, zero_grad() between backward() and step(), an optimizer step that stopped
+updating, the training set passed as XGBoost's validation set — in the plain-torch probe, Lightning's manual
+optimisation and XGBoost; each buggy loop has a healthy twin that must stay silent (accumulation, zero_grad
+between forward and backward, a GAN's two optimizers, BatchNorm frozen in eval mode on purpose, a fused optimizer,
+an optimizer subclass that calls its parent's step, steps a GradScaler skips)."""
 
 import lightning.pytorch as pl
 import pytest
 import torch
+import xgboost as xgb
 from torch import nn
 
 import helpers
 import tripwire
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
+from tripwire.plugins.xgboost import TripwireCallback as XGBoostCallback
 
 F = nn.functional
 CONFIG = {"sampling": {"every": 10}, "rules": [{"rule": "training_relations"}]}
@@ -27,12 +31,13 @@ def net():
     return nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 10))
 
 
-def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40):
+def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimizer=None):
     """A plain loop on digits; `clear`: where zero_grad() is called (None: nowhere); `mode(model)` sets the mode
-    before training. Returns (the run, the final training accuracy)."""
+    before training; `optimizer(parameters)` makes the optimizer (SGD by default). Returns (the run, the final
+    training accuracy)."""
     x, y = digits()
     model = net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.05)))(model.parameters())
     if mode is not None:
         mode(model)
     with TripwireProbe(model, optimizer, CONFIG, out_dir=out) as probe:
@@ -44,6 +49,8 @@ def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40):
             if clear == "before_backward":
                 optimizer.zero_grad()
             loss.backward()
+            if clear == "before_step":
+                optimizer.zero_grad()
             if (step + 1) % accumulate == 0:
                 optimizer.step()
             probe.step(loss)
@@ -69,9 +76,93 @@ def test_healthy_loops_break_no_relation(tmp_path, clear, accumulate):
     run, accuracy = loop(tmp_path / "run", clear=clear, accumulate=accumulate, steps=80)
     assert accuracy > 0.8  # they learn
     assert findings(run) == []
-    # the mode is judged at the steps an optimizer took: with accumulation, not at the first micro-batch sampled
-    judged = {"relations/stale_gradients"} | ({"relations/eval_mode"} if accumulate == 1 else set())
+    # the mode and the optimizer's step are judged at the steps an optimizer took: with accumulation over 4, no
+    # sampled step (0, 1, 2, 10, 20, …) is one
+    stepped = {"relations/eval_mode", "relations/no_gradients", "relations/step_changed_nothing"}
+    judged = {"relations/stale_gradients"} | (stepped if accumulate == 1 else set())
     assert set(run.tensor_names("relations")) == judged
+
+
+class StopsUpdating(torch.optim.SGD):
+    """SGD whose step does nothing after `working` steps (`working` None: it always works, through its parent's
+    step, so that torch's step hooks run twice per step)."""
+
+    def __init__(self, params, working=None):
+        super().__init__(params, lr=0.05)
+        self.working, self.calls = working, 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure) if self.working is None or self.calls <= self.working else None
+
+
+def test_zero_grad_between_backward_and_step_is_an_error_at_step_0(tmp_path):
+    run, accuracy = loop(tmp_path / "run", clear="before_step")
+    assert accuracy < 0.3  # nothing was learned
+    assert findings(run) == [("no_gradients", 0, "error")]
+    (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
+    assert "6 parameter(s)" in verdict.message and "between loss.backward() and optimizer.step()" in verdict.hint
+
+
+def test_a_step_that_stops_updating_is_an_error_at_the_next_sample(tmp_path):
+    run, _ = loop(tmp_path / "run", optimizer=lambda parameters: StopsUpdating(parameters, working=15))
+    assert findings(run) == [("step_changed_nothing", 20, "error")]  # the first no-op step is 15; sampled: 20
+    assert run.tensor("relations/step_changed_nothing").series("value")[1].tolist()[:3] == [0, 0, 0]
+
+
+def lr_0_for_the_output_layer(parameters) -> list:
+    """Param groups: the output Linear's weight and bias at learning rate 0 (its bias is the smallest parameter:
+    a parameter at lr 0 must not be judged), the rest at the optimizer's."""
+    return [{"params": parameters[:-2]}, {"params": parameters[-2:], "lr": 0.0}]
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda parameters: StopsUpdating(parameters),
+    lambda parameters: torch.optim.AdamW(parameters, lr=1e-3, fused=True),  # writes without counting versions
+    lambda parameters: torch.optim.SGD(lr_0_for_the_output_layer(list(parameters)), lr=0.05),
+], ids=["subclass", "fused", "group_at_lr_0"])
+def test_healthy_optimizers_change_what_they_step(tmp_path, optimizer):
+    run, accuracy = loop(tmp_path / "run", optimizer=optimizer, steps=120)
+    assert accuracy > 0.8 and findings(run) == []
+    assert run.tensor("relations/step_changed_nothing").series("value")[1].tolist() == [0] * 14  # 0, 1, 2, 10, …
+
+
+def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path):
+    """An overflowing loss at a sampled step: GradScaler skips that optimizer step, by design."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for step in range(21):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[32 * step:32 * step + 32]), y[32 * step:32 * step + 32])
+            scaler.scale(loss * (float("inf") if step in (0, 10) else 1.0)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    assert scaler.get_scale() < 2.0 ** 16  # it did skip
+    assert findings(run) == []
+
+
+def xgboost_run(out, same_data: bool):
+    (x, y), (xv, yv) = helpers.digits()
+    dtrain, dval = xgb.DMatrix(x, label=y), xgb.DMatrix(xv, label=yv)
+    callback = XGBoostCallback(CONFIG, out_dir=out)
+    xgb.train({"objective": "multi:softprob", "num_class": 10, "nthread": 1, "max_depth": 3}, dtrain, 12,
+              evals=[(dtrain, "train"), (dtrain if same_data else dval, "validation")], callbacks=[callback],
+              verbose_eval=False)
+    return tripwire.open_run(callback.run_url)
+
+
+@pytest.mark.parametrize("same_data", [True, False])
+def test_the_training_set_as_xgboost_validation_set_is_a_warning(tmp_path, same_data):
+    run = xgboost_run(tmp_path / "run", same_data)
+    assert findings(run) == ([("same_eval_data", 1, "warning")] if same_data else [])
+    # judged from the second round on (steps 1, 2, 10): one round of metrics equal may be chance
+    assert run.tensor("relations/same_eval_data").series("value")[0].tolist() == [1, 2, 10]
+    assert run.tensor("relations/same_eval_data").series("value")[1].tolist() == [int(same_data)] * 3
 
 
 def test_training_in_eval_mode_is_a_warning(tmp_path):
@@ -90,7 +181,8 @@ def test_batch_norm_frozen_on_purpose_is_the_users_choice(tmp_path):
 
 
 class Manual(pl.LightningModule):
-    """Manual optimisation, with or without zero_grad(); with `gan`, two optimizers over two halves, the second's
+    """Manual optimisation, with or without zero_grad() (or with it between backward and step: `clear`
+    "before_step"); with `gan`, two optimizers over two halves, the second's
     loss flowing back into the first half too (as a GAN's generator loss reaches the discriminator)."""
 
     def __init__(self, clear=True, gan=False):
@@ -104,9 +196,11 @@ class Manual(pl.LightningModule):
         optimizers = self.optimizers() if self.gan else [self.optimizers()]
         for optimizer in reversed(optimizers):  # the head's optimizer first, as a GAN's generator step
             loss = F.cross_entropy(self.head(self.body(x)), y)
-            if self.clear:
+            if self.clear is True:
                 optimizer.zero_grad()
             self.manual_backward(loss)
+            if self.clear == "before_step":
+                optimizer.zero_grad()
             optimizer.step()
         self.log("train_loss", loss)
 
@@ -120,15 +214,19 @@ class Manual(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("clear, gan", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("clear, gan", [(False, False), (True, False), (True, True), ("before_step", False)])
 def test_lightning_manual_optimisation(tmp_path, clear, gan):
     torch.manual_seed(0)
     callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
     trainer = helpers.fit(callback, Manual(clear=clear, gan=gan), max_epochs=2)
     run = tripwire.open_run(callback.run_url)
-    if clear:
+    if clear is True:
         assert trainer.callback_metrics["val_acc"] > 0.8
-        assert findings(run) == [] and run.tensor_names("relations") == ["relations/stale_gradients"]
+        assert findings(run) == []
+        assert sorted(run.tensor_names("relations")) == ["relations/no_gradients", "relations/stale_gradients",
+                                                         "relations/step_changed_nothing"]
+    elif clear == "before_step":
+        assert findings(run) == [("no_gradients", 0, "error")]
     else:
         ((finding, step, severity),) = findings(run)
         assert (finding, severity) == ("stale_gradients", "error") and step <= 2

@@ -523,10 +523,12 @@ def gan(attach, long):
 
 # -- plain PyTorch loops ------------------------------------------------------------------------------------------
 def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn, evaluate, scheduler=None,
-               classifier: bool = False, zero_grad: bool = True, train_mode: bool = True) -> int:
+               classifier: bool = False, zero_grad: bool = True, train_mode: bool = True,
+               clear_before_step: bool = False) -> int:
     """A plain training loop, with tripwire's probe when attached: `evaluate(model)` (in eval mode) after each
-    epoch, its metrics logged to the probe. Returns the optimizer steps that ran. Two silent bugs can be put in:
-    no `zero_grad`, and no `model.train()` after the first validation."""
+    epoch, its metrics logged to the probe. Returns the optimizer steps that ran. Three silent bugs can be put in:
+    no `zero_grad`, `zero_grad` between `backward` and `step` (`clear_before_step`), and no `model.train()` after
+    the first validation."""
     steps = 0
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
     with probe_or_nothing as probe:
@@ -539,6 +541,8 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
                 output = model(x)
                 loss = loss_fn(output, y)
                 loss.backward()
+                if clear_before_step:
+                    optimizer.zero_grad()
                 optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
@@ -567,12 +571,25 @@ def classification_metrics(x, y, loss_fn=F.cross_entropy):
     return evaluate
 
 
-def cnn_dropout(attach, long, dataset=data.digit_images, **bugs):
+class StopsUpdating(torch.optim.Adam):
+    """Adam whose step does nothing after its first `working` steps: a step that silently stopped applying its
+    update (a wrapper that returns early, a compiled step that does not write back)."""
+
+    def __init__(self, params, working: int, **kwargs):
+        super().__init__(params, **kwargs)
+        self.working, self.calls = working, 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure) if self.calls <= self.working else None
+
+
+def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.optim.Adam, **bugs):
     """A CNN with Dropout and MaxPool on digit images in a plain loop, switching train/eval for validation."""
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = dataset()
     model = cnn()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = optimizer_class(model.parameters(), lr=1e-3)
     evaluate = classification_metrics(xv, yv)
     steps = train_loop(attach, model, optimizer, loader(xt, yt), (10, 40)[long], F.cross_entropy, evaluate,
                        classifier=True, **bugs)
@@ -589,6 +606,17 @@ def eval_mode_training(attach, long):
     """The dropout CNN whose loop calls model.train() once, before the first epoch: from the second epoch on, it
     trains with its dropout off, as the validation's model.eval() left it."""
     return cnn_dropout(attach, long, train_mode=False)
+
+
+def zero_grad_before_step(attach, long):
+    """The dropout CNN whose loop calls optimizer.zero_grad() between loss.backward() and optimizer.step(): every
+    step applies nothing."""
+    return cnn_dropout(attach, long, clear_before_step=True)
+
+
+def step_stops_updating(attach, long):
+    """The dropout CNN whose optimizer's step stops applying its update after step 50."""
+    return cnn_dropout(attach, long, optimizer_class=lambda params, lr: StopsUpdating(params, 50, lr=lr))
 
 
 def shuffled_labels(attach, long):
@@ -661,6 +689,28 @@ def optimizer_misses_head(attach, long):
         return torch.optim.Adam(list(parameters)[:2], lr=1e-3)
 
     return train_classifier(attach, long, mlp, first_layer_only)
+
+
+class ClearsBeforeStep(Classifier):
+    """Manual optimisation as users write it, with optimizer.zero_grad() between the backward pass and the step."""
+
+    def __init__(self, net: nn.Module, optimizer, return_preds: bool = False):
+        super().__init__(net, optimizer, return_preds)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizer = self.optimizers()
+        loss = self.loss(self(x), y)
+        self.manual_backward(loss)
+        optimizer.zero_grad()
+        optimizer.step()
+        self.log("train_loss", loss)
+
+
+def manual_zero_grad_before_step(attach, long):
+    """The ReLU MLP under manual optimisation whose zero_grad() sits between manual_backward() and step()."""
+    return train_classifier(attach, long, mlp, adam(), module_class=ClearsBeforeStep)
 
 
 def lr_zero_schedule(attach, long):
@@ -739,6 +789,13 @@ CASES: list[Case] = [
          catch=("training_relations",), onset=1),
     Case("torch", "eval_mode_training", eval_mode_training, fault="no model.train() after the first validation",
          catch=("training_relations",), onset=43),  # the second epoch: 1347 images in batches of 32
+    Case("torch", "zero_grad_before_step", zero_grad_before_step,
+         fault="optimizer.zero_grad() between backward() and step()", catch=("training_relations",)),
+    Case("torch", "step_stops_updating", step_stops_updating, fault="optimizer.step() a no-op after step 50",
+         catch=("training_relations",), onset=50),
+    Case("lightning", "manual_zero_grad_before_step", manual_zero_grad_before_step,
+         fault="manual optimisation: zero_grad() between manual_backward() and step()",
+         catch=("training_relations",)),
     Case("torch", "zero_init", zero_init, fault="every Linear weight initialised to 0",
          catch=("poor_weight_initialization", "all_zero")),
 ]

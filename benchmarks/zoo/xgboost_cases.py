@@ -143,6 +143,19 @@ def early_stopping(attach, long: bool) -> Outcome:
     return r2_outcome(booster, *val, iteration_range=(0, booster.best_iteration + 1))
 
 
+def early_stopping_on_training_data(attach, long: bool) -> Outcome:
+    """The early-stopping booster whose validation set is the training DMatrix passed twice: early stopping never
+    stops, and every round of the 1000 fits the training rows harder."""
+    train, val = data.diabetes(standardise=False)
+    eta = 0.025 if long else 0.1
+    params = {**COMMON, "objective": "reg:squarederror", "eval_metric": "rmse", "eta": eta, "max_depth": 3,
+              "subsample": 0.8}
+    dtrain = dmatrix(train)
+    booster = xgb.train(params, dtrain, 1000, evals=[(dtrain, "train"), (dtrain, "validation")],
+                        early_stopping_rounds=20, callbacks=callbacks(attach), verbose_eval=False)
+    return r2_outcome(booster, *val, iteration_range=(0, booster.best_iteration + 1))
+
+
 def imbalanced_binary(attach, long: bool) -> Outcome:
     """Healthy: "is it a 0?" on digits (1 positive in 10), weighted with scale_pos_weight = negatives / positives."""
     (xt, yt), (xv, yv) = data.digits(standardise=False)
@@ -198,6 +211,8 @@ CASES: list[Case] = [
          fault="depth 12, eta 1, min_child_weight 0 on 60 rows: memorises", catch=("overfit",)),
     Case("xgboost", "labels_not_class_ids", labels_not_class_ids, fault="labels / 255: not class ids",
          catch=("loss_setup", "class_imbalance", "confusion")),
+    Case("xgboost", "early_stopping_on_training_data", early_stopping_on_training_data,
+         fault="the training DMatrix passed as the validation set", catch=("training_relations",)),
     Case("xgboost", "shuffled_labels", shuffled_labels, fault="training labels permuted against the rows",
          catch=("loss_not_decreasing", "overfit")),
 ]

@@ -48,6 +48,11 @@ class Cause:
 CAUSES: dict[str, Cause] = {
     "training_relations:stale_gradients": Cause("gradients never cleared (zero_grad missing)",
                                                 _BLOWUP + ("learning_rate:high",)),
+    "training_relations:no_gradients": Cause("optimizer steps with no gradient (zero_grad between backward and "
+                                             "step?)", _NO_STEP + ("all_zero", "vanishing_gradient")),
+    "training_relations:step_changed_nothing": Cause("optimizer steps that change nothing", _NO_STEP),
+    "training_relations:same_eval_data": Cause("the training data used as validation data", ("overfit",
+                                                                                             "overtraining")),
     "training_relations:eval_mode": Cause("training in eval mode", ("loss_not_decreasing", "overfit",
                                                                     "oscillating_loss")),
     "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),

@@ -25,13 +25,35 @@ RELATIONS = {
         "the model trained this step in eval mode: {n} dropout / batch-normalisation module(s) ran as at inference "
         "(no dropout, running statistics instead of the batch's)",
         "Call model.train() before the training steps: a validation loop's model.eval() stays in force until then."),
+    "no_gradients": (
+        "error",
+        "an optimizer stepped while none of the {n} parameter(s) it holds had a gradient (each None or all zero): "
+        "the step had nothing to apply",
+        "Call optimizer.zero_grad() before the forward pass or right after optimizer.step(), never between "
+        "loss.backward() and optimizer.step(); check that backward() runs before the step and that the loss "
+        "reaches these parameters (not computed from detached outputs, .item() or numpy)."),
+    "step_changed_nothing": (
+        "error",
+        "an optimizer step left its {n} smallest parameter(s) with a non-zero gradient and a learning rate above 0 "
+        "exactly as they were: the step applied no update",
+        "The optimizer's step ran and changed nothing. Check an overridden or wrapped step() (one that returns "
+        "early or writes into copies, a compiled step that does not write back) and, for bf16 or fp16 weights, a "
+        "learning rate so small that every update rounds away (keep fp32 master weights)."),
+    "same_eval_data": (
+        "warning",
+        "{n} eval set(s) logged exactly the metrics of another eval set at every round so far: the same data under "
+        "two names, so the validation metrics are the training metrics",
+        "Pass held-out data as the validation set (xgb.train(evals=[(dtrain, 'train'), (dval, 'validation')]), "
+        "eval_set=[(X_val, y_val)]): on the training data, early stopping never stops and overfitting never "
+        "shows."),
 }
 
 
 @dataclass
 class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
-    (a missing `zero_grad()`), training in eval mode."""
+    (a missing `zero_grad()`), training in eval mode, an optimizer step with no gradient to apply or that changes
+    nothing."""
 
     name = "training_relations"
     modes = ("train",)
@@ -39,8 +61,15 @@ class TrainingRelations(Rule):
                  "relation: `stale_gradients` — after an optimizer step, a parameter's gradient arrived at every "
                  "backward pass of the next step on top of a `.grad` that was not cleared (error); `eval_mode` — an "
                  "optimizer stepped while the model, as a whole, was in eval mode, with dropout or batch "
-                 "normalisation in it (warning; the probe tells it at the step it happens, sampled or not). Plain torch loops (the probe) and Lightning's manual optimisation; "
-                 "Lightning's automatic optimisation, the Hugging Face Trainer and Keras clear gradients themselves")
+                 "normalisation in it (warning; the probe tells it at the step it happens, sampled or not); "
+                 "`no_gradients` — an optimizer stepped while every parameter it holds had a gradient that was None "
+                 "or all zero (error); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
+                 "to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "
+                 "a GradScaler skipped is not judged); `same_eval_data` — an XGBoost eval set logged exactly the "
+                 "metrics of another at every round so far (warning). PyTorch: the probe, Lightning and the Hugging "
+                 "Face Trainer; "
+                 "`stale_gradients` can break only where the user clears gradients (the probe, Lightning's manual "
+                 "optimisation). Keras applies its gradients itself: it has none of these relations to break")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
     source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
               "within an iteration; here the relations are known in advance and judged from facts the plugin "

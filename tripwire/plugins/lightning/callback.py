@@ -272,7 +272,7 @@ class TripwireCallback(*_callback_bases()):
             a reference, read in `after_optimizer_step`. One process only: acting there on one rank's loss would
             leave the others out of the collective decision."""
             if self._capture is not None:
-                self._capture.stepped()  # the step runs: a GradScaler did not skip it
+                self._capture.stepped(optimizer)  # the step runs: a GradScaler did not skip it
             closure = kwargs.get("closure", args[0] if args else None)
             if self._sampled or not callable(closure) or trainer.world_size > 1:
                 return None

@@ -23,7 +23,7 @@ from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
-from .relations import GradientsCleared
+from .relations import GradientsCleared, StepEffect
 
 log = logging.getLogger("tripwire")
 
@@ -48,7 +48,9 @@ class TorchCapture:
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
+        self._ran: set = set()  # id of each optimizer whose step ran (None: one the plugin cannot name)
         self._cleared: GradientsCleared | None = None  # this step's gradient hooks, where relations are sampled
+        self._effect = StepEffect()  # what this step's optimizer steps had to apply and did, where relations are
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -57,7 +59,7 @@ class TorchCapture:
             self.active = {}
             return False
         self.active = {c.name: c for c in collections}
-        self.mode, self.step, self._stepped = mode, step, False
+        self.mode, self.step, self._stepped, self._ran = mode, step, False, set()
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         self._budget = self._new_budget() if self._new_budget is not None else None
         activations = self.active.get("activations")
@@ -78,8 +80,15 @@ class TorchCapture:
 
     def before_optimizer_step(self, optimizer=None) -> None:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values
-        and gradients now, and a copy for their update, once per sample."""
-        if not self.active or self.mode != "train" or not any(c in self.active for c in PARAM_COLLECTIONS):
+        and gradients now, and a copy for their update, once per sample; and, where relations are sampled, whether
+        the step has gradients to apply and changes what it holds (tripwire.plugins.torch.relations)."""
+        if not self.active or self.mode != "train":
+            return
+        if "relations" in self.active and optimizer is not None:
+            rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups
+                     for p in g["params"]}
+            self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates)
+        if not any(c in self.active for c in PARAM_COLLECTIONS):
             return
         updates = self.active.get("updates")
         for path, param, info in self._parameters_of(optimizer):
@@ -92,9 +101,11 @@ class TorchCapture:
             if updates is not None and param.grad is not None and updates.selects(path):  # no grad: no step
                 self._before[path] = (param, param.detach().clone())
 
-    def stepped(self) -> None:
-        """An optimizer's step ran (called from a hook inside `optimizer.step()`, where the plugin has one)."""
+    def stepped(self, optimizer=None) -> None:
+        """An optimizer's step ran (called from a hook inside `optimizer.step()`, where the plugin has one; with
+        that optimizer where it can tell)."""
         self._stepped = True
+        self._ran.add(None if optimizer is None else id(_real(optimizer)))
 
     def end(self, loss=None, optimizers=(), extra_scalars: dict | None = None):
         """The step's sample as (values, tensors), or None if the step was not sampled. A training step in which no
@@ -108,6 +119,9 @@ class TorchCapture:
             stale, self._cleared = self._cleared.stale(), None
             if stale is not None:
                 self._scalar("relations/stale_gradients", stale)
+        ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
+        for relation, count in self._effect.read(ran).items():
+            self._scalar(f"relations/{relation}", count)
         if self.watching_steps and not self._stepped and self.mode == "train":
             self._leave_out_parameters()
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
@@ -194,7 +208,7 @@ class TorchCapture:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all
         of them for None), in the model's order. Found once per optimizer: a walk of a large model costs more
         than a sample's reductions, and a model does not change its parameters while it trains."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer wraps the real one
+        optimizer = _real(optimizer)
         key = None if optimizer is None else id(optimizer)
         if key not in self._held:
             held = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -246,6 +260,11 @@ def optimizer_state(optimizers) -> dict[str, float]:
             if isinstance(betas, (tuple, list)) and betas:
                 out[f"beta1{suffix}"] = betas[0]
     return out
+
+
+def _real(optimizer):
+    """The torch optimizer itself: Lightning's LightningOptimizer wraps it."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -174,7 +174,7 @@ class TripwireProbe:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._stepping = True
         self._end_look()
-        self._capture.stepped()
+        self._capture.stepped(optimizer)
         if self._sampled:
             self._capture.before_optimizer_step(optimizer)
 

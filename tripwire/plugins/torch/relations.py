@@ -10,6 +10,14 @@
 - The model trains in train mode: a step in which an optimizer stepped, taken with the model in eval mode, runs
   its dropout and batch normalisation as at inference (no dropout, running statistics) — the usual cause being a
   validation loop's `model.eval()` not followed by `model.train()`. Read from the model's flag, at no cost.
+- An optimizer's step has gradients to apply: at its step, some parameter it holds has a gradient that is not None
+  and not all zero. None anywhere means `zero_grad()` ran between `backward()` and `step()`, or no backward pass
+  reached the parameters this optimizer holds.
+- An optimizer's step changes the parameters it applies a gradient to: of its few smallest parameters with a
+  non-zero gradient and a learning rate above 0, copied before the step, at least one differs after it. None
+  changing is a step that does nothing (overridden, skipped by a wrapper, a compiled step that never writes back).
+  Values are compared, not torch's version counters: a fused optimizer writes without counting.
+The last two are read at sampled steps, in one copy with the rest of the sample.
 """
 
 from __future__ import annotations
@@ -59,6 +67,64 @@ class GradientsCleared:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+WITNESSES = 4  # the smallest parameters of an optimizer copied before its step, to see whether the step changed any
+
+
+class StepEffect:
+    """Whether each optimizer step of a sampled step had gradients to apply, and whether it changed a parameter."""
+
+    def __init__(self):
+        self._steps: list = []  # per optimizer step: (id of the optimizer, parameters held, [device flag: no
+        # gradient], witnesses)
+
+    def before(self, optimizer, parameters, rates: dict) -> None:
+        """`optimizer` is about to step `parameters` (those it holds that require a gradient); `rates`: id of a
+        parameter -> its group's learning rate. Notes which have no gradient, and copies the witnesses."""
+        parameters = [p for p in parameters if p.requires_grad]
+        if not parameters:
+            return
+        empty = [True if p.grad is None else _all_zero(p.grad) for p in parameters]
+        candidates = sorted((p for p in parameters if p.grad is not None and p.grad.layout == torch.strided
+                             and not p.is_meta and _positive(rates.get(id(p)))), key=torch.Tensor.numel)
+        witnesses = [(p, p.detach().clone(), p.grad.detach().any()) for p in candidates[:WITNESSES]]
+        self._steps.append((id(optimizer), len(parameters), empty, witnesses))
+
+    def read(self, ran: set | None = None) -> dict[str, int]:
+        """{relation: count} over this sample's optimizer steps (tripwire.core.rules.relations): `no_gradients`,
+        the parameters of a step none of which had a gradient; `step_changed_nothing`, the parameters with a
+        gradient that a step left as they were, where it changed none of them. `ran`: the ids of the optimizers
+        whose step ran, where the plugin knows (a GradScaler skips a step whose gradients overflowed, by design:
+        it is not judged). The flags are read in one copy; empty where no optimizer stepped."""
+        steps, self._steps = [s for s in self._steps if ran is None or s[0] in ran], []
+        flags = [f for _, _, empty, witnesses in steps for f in
+                 [*(e for e in empty if isinstance(e, torch.Tensor)),
+                  *(t for p, before, moved in witnesses for t in (moved, (p.detach() != before).any()))]]
+        read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
+        counts = {"no_gradients": 0, "step_changed_nothing": 0}
+        for _, held, empty, witnesses in steps:
+            if all([e if isinstance(e, bool) else next(read) for e in empty]):  # a list: every flag is read
+                counts["no_gradients"] += held
+            moved = [(next(read), next(read)) for _ in witnesses]
+            with_gradient = [changed for has_gradient, changed in moved if has_gradient]
+            if with_gradient and not any(with_gradient):
+                counts["step_changed_nothing"] += len(with_gradient)
+        return counts if steps else {}
+
+
+def _all_zero(grad: torch.Tensor):
+    """A device flag: the gradient is all zero; False (it has one) for a sparse or meta gradient, not judged."""
+    if grad.layout != torch.strided or grad.is_meta:
+        return False
+    return ~grad.detach().any()
+
+
+def _positive(rate) -> bool:
+    try:
+        return float(rate) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def eval_mode_modules(model: torch.nn.Module) -> int:

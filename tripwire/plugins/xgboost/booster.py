@@ -89,6 +89,18 @@ def eval_losses(evals_log) -> tuple[float | None, float | None]:
     return tuple(_loss(evals_log[name]) if name is not None else None for name in (train, validation))
 
 
+def repeated_eval_sets(evals_log) -> int | None:
+    """How many eval sets logged, at every round so far, exactly the metrics of an eval set before them: the same
+    data passed twice under two names — most often the training set as the validation set, where early stopping
+    never stops and no overfitting shows (tripwire.core.rules.relations). None before two sets have two rounds:
+    one round alike may be chance."""
+    histories = [{metric: list(values) for metric, values in metrics.items()} for metrics in evals_log.values()]
+    histories = [h for h in histories if h and min(len(values) for values in h.values()) >= 2]
+    if len(histories) < 2:
+        return None
+    return sum(history in histories[:i] for i, history in enumerate(histories))
+
+
 def _loss(metrics) -> float | None:
     for metric, history in metrics.items():
         if metric == "mape" or not metric.startswith(MAXIMISED):

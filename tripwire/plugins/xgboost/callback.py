@@ -34,11 +34,12 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce
 
 from .booster import (IMPORTANCE_TYPES, TREE_BOOSTERS, booster_config, booster_kind, eval_losses, feature_names,
-                      first_step, hyperparameters, importance, tree_stats)
+                      first_step, hyperparameters, importance, repeated_eval_sets, tree_stats)
 
 log = logging.getLogger("tripwire")
 CHECKPOINT_FORMATS = ("ubj", "json")
-PROVIDES = {"losses", "metrics", "feature_importance", "trees", "labels", "predictions"}  # what a booster shows
+# what a booster shows; of the relations of a training, the one an eval log can break
+PROVIDES = {"losses", "metrics", "feature_importance", "trees", "labels", "predictions", "relations"}
 
 
 class TripwireCallback(xgb.callback.TrainingCallback):
@@ -157,7 +158,8 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             return False
         decision = None
         if self._recorder is not None:
-            values, tensors = self._sample(model, epoch, {c.name: c for c in collections}) if collections else ({}, {})
+            values, tensors = self._sample(model, epoch, {c.name: c for c in collections}, evals_log) \
+                if collections else ({}, {})
             if values or tensors or logged:
                 decision = self._recorder.record(epoch, "train", {**logged, **values}, tensors)
             metrics = next((c for c in evaluated if c.name == "metrics"), None)
@@ -183,9 +185,9 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             values["losses/train"] = {VALUE: train_loss}
         return values
 
-    def _sample(self, model, epoch: int, active: dict) -> tuple[dict, dict]:
+    def _sample(self, model, epoch: int, active: dict, evals_log) -> tuple[dict, dict]:
         """What a sampled round holds besides the eval log: the round's trees, feature importance, labels and
-        predictions."""
+        predictions, and whether two eval sets are the same data."""
         values, tensors = {}, {}
 
         def scalar(collection: str, path: str, value: float) -> None:
@@ -193,6 +195,9 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             if plan is not None and plan.selects(path):
                 values[f"{collection}/{path}"] = {VALUE: float(value)}
 
+        repeated = repeated_eval_sets(evals_log) if "relations" in active else None
+        if repeated is not None:
+            scalar("relations", "same_eval_data", repeated)
         if self._trees and "trees" in active:
             for key, value in tree_stats(model, epoch).items():
                 scalar("trees", key, value)
