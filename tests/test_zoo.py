@@ -32,13 +32,15 @@ def test_zoo_case(case, config, tmp_path):
 
 def test_the_zoo_holds_what_the_issue_asks_for():
     """At least 12 Lightning and plain-torch setups, 10 Keras, 6 XGBoost, 2 Transformers, healthy; faults in every
-    framework."""
+    framework; at least 10 silent bugs, in Lightning, plain torch, Keras and XGBoost."""
     healthy = lambda fw: [c for c in cases(fw) if c.healthy]  # noqa: E731
     assert len(healthy("lightning") + healthy("torch")) >= 12 and len(healthy("keras")) >= 10
     assert len(healthy("xgboost")) >= 6 and len(healthy("transformers")) >= 2
     for framework in ("lightning", "torch", "keras", "xgboost", "transformers"):
         assert any(not c.healthy and c.catch for c in cases(framework)), framework
     assert {"torch", "jax"} <= {b for c in cases("keras") for b in c.backends}
+    silent = [c for c in cases() if "silent" in c.tags]
+    assert len(silent) >= 10 and {"lightning", "torch", "keras", "xgboost"} <= {c.framework for c in silent}
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+SILENT = ("silent",)  # the tag of a silent bug: the run trains, the loss goes down a little, no number goes bad
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a training run achieved. `learned`: the case's own target was reached (asserted on healthy cases)."""
@@ -35,6 +38,7 @@ class Case:
         this fault; `catch` where not given.
     onset: the first step at which the fault is present (0: from the start).
     backends: Keras backends the test suite runs the case on (TensorFlow in process, the others in a subprocess).
+    tags: SILENT for a silent bug (the table counts those caught within one step of their onset).
     """
 
     framework: str  # lightning | torch | keras | xgboost | transformers

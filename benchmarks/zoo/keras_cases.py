@@ -15,7 +15,7 @@ import numpy as np
 from keras import layers, ops
 
 from . import data
-from .case import Case, Outcome
+from .case import SILENT, Case, Outcome
 
 ALL_BACKENDS = ("tensorflow", "torch", "jax")
 
@@ -132,6 +132,15 @@ def frozen_by_mistake(attach, long):
     start()
     model = mlp()
     model.layers[1].trainable = False
+    return fit_digits(model, attach, long)
+
+
+def model_frozen(attach, long):
+    """The digits MLP with `model.trainable = False` (meant for a base model) before compile: no weight trains;
+    Keras fits it all the same, with one warning line."""
+    start()
+    model = mlp()
+    model.trainable = False
     return fit_digits(model, attach, long)
 
 
@@ -478,10 +487,12 @@ CASES: list[Case] = [
     Case("keras", "missing_from_logits", missing_from_logits, fault="logits into a from_logits=False loss",
          catch=("loss_setup", "output_loss_mismatch", "loss_not_decreasing")),
     Case("keras", "frozen_by_mistake", frozen_by_mistake, fault="middle Dense layer frozen",
-         catch=("unchanged_tensor", "untrained_parameters")),
+         catch=("unchanged_tensor", "untrained_parameters"), tags=SILENT),
+    Case("keras", "model_frozen", model_frozen, fault="model.trainable = False before compile",
+         catch=("untrained_parameters",), tags=SILENT),
     Case("keras", "lr_zero_schedule", lr_zero_schedule, fault="schedule gives lr 0 (integer division)",
          catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"),
-         cause=("unchanged_tensor", "weight_update_ratio", "learning_rate")),
+         cause=("unchanged_tensor", "weight_update_ratio", "learning_rate"), tags=SILENT),
     Case("keras", "shuffled_labels", shuffled_labels, fault="labels shuffled apart from inputs",
          catch=("loss_not_decreasing", "overfit")),
 ]

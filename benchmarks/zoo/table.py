@@ -37,6 +37,18 @@ def table(results) -> str:
                      f"{sum(r.status == 'stopped' for r in healthy)} | {len(faulty)} | "
                      f"{sum(r.caught for r in faulty)} | {sum(r.right_rule for r in faulty)} | "
                      f"{sum(r.names_fault for r in faulty)} |")
+    silent = [r for r in results if "silent" in r.case.tags]
+    if silent:
+        lines += ["", "Silent bugs (tagged `silent`: the run trains and no number goes bad): caught within one step "
+                      "of the step the bug first acts (onset→verdict at most 1).", "",
+                  "| config | silent bugs | caught | by the right rule | within one step | primary cause names the "
+                  "bug |", "|---|---|---|---|---|---|"]
+        for config in dict.fromkeys(r.config for r in silent):
+            mine = [r for r in silent if r.config == config]
+            lines.append(f"| {config} | {len(mine)} | {sum(r.caught for r in mine)} | "
+                         f"{sum(r.right_rule for r in mine)} | "
+                         f"{sum(r.right_rule and r.delay is not None and r.delay <= 1 for r in mine)} | "
+                         f"{sum(r.names_fault for r in mine)} |")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from . import data
-from .case import Case, Outcome, should_stop
+from .case import SILENT, Case, Outcome, should_stop
 
 torch.set_num_threads(1)
 
@@ -524,14 +524,16 @@ def gan(attach, long):
 # -- plain PyTorch loops ------------------------------------------------------------------------------------------
 def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn, evaluate, scheduler=None,
                classifier: bool = False, zero_grad: bool = True, train_mode: bool = True,
-               clear_before_step: bool = False) -> int:
+               clear_before_step: bool = False, evaluate_first: bool = False) -> int:
     """A plain training loop, with tripwire's probe when attached: `evaluate(model)` (in eval mode) after each
-    epoch, its metrics logged to the probe. Returns the optimizer steps that ran. Three silent bugs can be put in:
-    no `zero_grad`, `zero_grad` between `backward` and `step` (`clear_before_step`), and no `model.train()` after
-    the first validation."""
+    epoch, its metrics logged to the probe, and before training with `evaluate_first` (the untrained model's
+    score). Returns the optimizer steps that ran. Three silent bugs can be put in: no `zero_grad`, `zero_grad`
+    between `backward` and `step` (`clear_before_step`), and no `model.train()` after the first validation."""
     steps = 0
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
     with probe_or_nothing as probe:
+        if evaluate_first:
+            validate(model, evaluate, probe)
         for epoch in range(epochs):
             if train_mode or epoch == 0:
                 model.train()
@@ -553,12 +555,17 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
                     probe.step(loss)
                 if should_stop(attach, probe):
                     return steps
-            model.eval()
-            with torch.no_grad():
-                metrics = evaluate(model)
-            if probe is not None:
-                probe.log_eval(metrics)
+            validate(model, evaluate, probe)
     return steps
+
+
+def validate(model, evaluate, probe) -> None:
+    """`evaluate(model)` in eval mode, without gradients, its metrics logged to the probe where there is one."""
+    model.eval()
+    with torch.no_grad():
+        metrics = evaluate(model)
+    if probe is not None:
+        probe.log_eval(metrics)
 
 
 def classification_metrics(x, y, loss_fn=F.cross_entropy):
@@ -617,6 +624,35 @@ def zero_grad_before_step(attach, long):
 def step_stops_updating(attach, long):
     """The dropout CNN whose optimizer's step stops applying its update after step 50."""
     return cnn_dropout(attach, long, optimizer_class=lambda params, lr: StopsUpdating(params, 50, lr=lr))
+
+
+def spectral_norm_mlp() -> nn.Sequential:
+    """The ReLU MLP with spectral normalisation on its Linear layers (torch.nn.utils.spectral_norm, as GAN
+    discriminators and Lipschitz-bounded classifiers use it)."""
+    net = mlp()
+    for i, module in enumerate(net):
+        if isinstance(module, nn.Linear):
+            net[i] = nn.utils.spectral_norm(module)
+    return net
+
+
+def spectral_norm_classifier(attach, long, evaluate_first: bool = False):
+    """The spectral-norm MLP on standardised digits in a plain loop, Adam."""
+    torch.manual_seed(0)
+    (xt, yt), (xv, yv) = data.digits()
+    model = spectral_norm_mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    evaluate = classification_metrics(xv, yv)
+    steps = train_loop(attach, model, optimizer, loader(xt, yt), (8, 30)[long], F.cross_entropy, evaluate,
+                       classifier=True, evaluate_first=evaluate_first)
+    return reached("val_acc", evaluate(model)["val_acc"], 0.9, steps)
+
+
+def spectral_norm_evaluated_first(attach, long):
+    """The spectral-norm MLP evaluated before it trained: in eval mode spectral_norm divides by a norm estimated
+    by power iterations that only train-mode forwards run, so the untrained model's score is off by orders of
+    magnitude (a baseline, a best checkpoint or an early stop chosen from it is wrong)."""
+    return spectral_norm_classifier(attach, long, evaluate_first=True)
 
 
 def shuffled_labels(attach, long):
@@ -771,7 +807,7 @@ CASES: list[Case] = [
     Case("lightning", "softmax_into_ce", softmax_into_ce, fault="Softmax output into CrossEntropyLoss",
          catch=("loss_setup", "output_loss_mismatch")),
     Case("lightning", "frozen_by_mistake", frozen_by_mistake, fault="middle Linear frozen by mistake",
-         catch=("unchanged_tensor", "untrained_parameters")),
+         catch=("unchanged_tensor", "untrained_parameters"), tags=SILENT),
     Case("lightning", "deep_sigmoid", deep_sigmoid, fault="10 sigmoid layers: vanishing gradients",
          catch=("vanishing_gradient",)),
     Case("lightning", "tanh_saturated", tanh_saturated, fault="first-layer weights std 10: saturated tanh",
@@ -780,22 +816,25 @@ CASES: list[Case] = [
          catch=("loss_not_decreasing", "overfit")),
     Case("torch", "lr_zero_schedule", lr_zero_schedule, fault="LambdaLR factor 0 after step 0 (integer division)",
          catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1,
-         cause=("unchanged_tensor", "weight_update_ratio", "learning_rate")),
+         cause=("unchanged_tensor", "weight_update_ratio", "learning_rate"), tags=SILENT),
     Case("torch", "sigmoid_regression", sigmoid_regression, fault="sigmoid output for targets from -2 to 3",
          catch=("loss_setup",)),
     Case("lightning", "optimizer_misses_head", optimizer_misses_head,
-         fault="optimizer built over the first layer only", catch=("untrained_parameters",)),
+         fault="optimizer built over the first layer only", catch=("untrained_parameters",), tags=SILENT),
     Case("torch", "missing_zero_grad", missing_zero_grad, fault="optimizer.zero_grad() never called",
-         catch=("training_relations",), onset=1),
+         catch=("training_relations",), onset=1, tags=SILENT),
     Case("torch", "eval_mode_training", eval_mode_training, fault="no model.train() after the first validation",
-         catch=("training_relations",), onset=43),  # the second epoch: 1347 images in batches of 32
+         catch=("training_relations",), onset=43, tags=SILENT),  # the second epoch: 1347 images in batches of 32
     Case("torch", "zero_grad_before_step", zero_grad_before_step,
-         fault="optimizer.zero_grad() between backward() and step()", catch=("training_relations",)),
+         fault="optimizer.zero_grad() between backward() and step()", catch=("training_relations",), tags=SILENT),
     Case("torch", "step_stops_updating", step_stops_updating, fault="optimizer.step() a no-op after step 50",
-         catch=("training_relations",), onset=50),
+         catch=("training_relations",), onset=50, tags=SILENT),
     Case("lightning", "manual_zero_grad_before_step", manual_zero_grad_before_step,
          fault="manual optimisation: zero_grad() between manual_backward() and step()",
-         catch=("training_relations",)),
+         catch=("training_relations",), tags=SILENT),
+    Case("torch", "spectral_norm_classifier", spectral_norm_classifier),
+    Case("torch", "spectral_norm_evaluated_first", spectral_norm_evaluated_first,
+         fault="spectral_norm model evaluated before any training forward", catch=("first_evaluation",), tags=SILENT),
     Case("torch", "zero_init", zero_init, fault="every Linear weight initialised to 0",
          catch=("poor_weight_initialization", "all_zero")),
 ]

@@ -141,12 +141,20 @@ def _suggestion(rate: float | None, ratio: float | None, usual: tuple | None) ->
     return "a learning rate 10 to 100 times lower"
 
 
+NOTHING_TRAINS_HINT = ("Every parameter is frozen. Likely causes: `model.trainable = False` (Keras) or "
+                       "requires_grad_(False) on the whole model, meant for a base model or a part of it; a freezing "
+                       "loop that froze everything. Try: freeze only the part you mean (base.trainable = False, "
+                       "then compile the model built on it), and check model.trainable_weights / the parameters "
+                       "with requires_grad before training.")
+
+
 @dataclass
 class UntrainedParameters(Rule):
     """Parameters that get a gradient no optimizer applies, and parameters left frozen."""
 
     name = "untrained_parameters"
-    condition = ("at the first sampled step with gradients: a parameter received a non-zero gradient but no "
+    condition = ("at the first sampled step: a model none of whose parameters trains or gets a gradient (every "
+                 "one frozen: error); else at the first sampled step with gradients: a parameter received a non-zero gradient but no "
                  "optimizer holds it (warning: it was meant to train, and never will); the parameters frozen "
                  "(requires_grad / trainable False), listed once as info")
     hint = ("These parameters get a gradient, but no optimizer holds them, so they never change: the optimizer "
@@ -159,13 +167,21 @@ class UntrainedParameters(Rule):
         self._done: set = set()
 
     def requires(self):
-        return [Requirement("gradients", ("l2",))]
+        # the losses are there at the first step even where no gradient is (a model with nothing to train)
+        return [Requirement("gradients", ("l2",)), Requirement("losses")]
 
     def check(self, run, step):
         model = run.model
         if model is None or run.default_worker in self._done:
             return None
         norms = values_at(run, step, "l2", ["gradients"])
+        parameters = [p for p in model.parameters.values() if p.tied_to is None]
+        if parameters and not any(p.trainable for p in parameters) and not any(norms.values()):
+            self._done.add(run.default_worker)
+            return self.fire(step, f"nothing trains: all {len(parameters)} parameters of the model are frozen "
+                                   "(requires_grad / trainable False) and none gets a gradient, so every step "
+                                   "leaves the model as it was.", severity="error", finding="nothing_trains",
+                             hint=NOTHING_TRAINS_HINT)
         if not norms:
             return None
         self._done.add(run.default_worker)

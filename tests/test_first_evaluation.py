@@ -1,0 +1,82 @@
+"""first_evaluation: a model evaluated far worse than it starts training — a spectral_norm model evaluated before
+any training forward (plain torch loop), validation data prepared apart from the training data (Keras) — each
+with its healthy twin silent."""
+
+import keras
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import helpers
+import tripwire
+from tripwire.plugins.keras import TripwireCallback as KerasCallback
+from tripwire.plugins.torch import TripwireProbe
+
+F = nn.functional
+CONFIG = {"sampling": {"every": 10}, "rules": [{"rule": "first_evaluation"}]}
+
+
+def spectral_norm_loop(out, evaluate_first: bool):
+    """An MLP with spectral_norm on digits, Adam, validated after each of 3 epochs (and before training where
+    asked). Returns (the run, the final validation accuracy)."""
+    (x, y), (xv, yv) = helpers.digits()
+    x, y, xv, yv = torch.tensor(x), torch.tensor(y), torch.tensor(xv), torch.tensor(yv)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(64, 64)), nn.ReLU(),
+                          nn.utils.spectral_norm(nn.Linear(64, 10)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def validate(probe):
+        model.eval()
+        with torch.no_grad():
+            logits = model(xv)
+            probe.log_eval({"val_loss": F.cross_entropy(logits, yv).item()})
+        model.train()
+        return float((logits.argmax(1) == yv).float().mean())
+
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=out) as probe:
+        if evaluate_first:
+            validate(probe)
+        for epoch in range(3):
+            for i in range(0, len(x) - 31, 32):
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+            accuracy = validate(probe)
+    return tripwire.open_run(probe.run_url), accuracy
+
+
+@pytest.mark.parametrize("evaluate_first", [True, False])
+def test_spectral_norm_evaluated_before_training(tmp_path, evaluate_first):
+    run, accuracy = spectral_norm_loop(tmp_path / "run", evaluate_first)
+    assert accuracy > 0.8  # it learns either way (chance: 0.1; unit-norm layers stay below 0.9 here)
+    if not evaluate_first:
+        assert [v.rule for v in run.verdicts() if v.fired] == []
+        return
+    (verdict,) = [v for v in run.verdicts() if v.fired]
+    assert (verdict.rule, verdict.severity, verdict.onset) == ("first_evaluation", "warning", 0)
+    assert verdict.evidence["first_eval"] > 10 * verdict.evidence["baseline"]
+    assert "ln 10" in verdict.message and "spectral_norm" in verdict.hint
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_keras_validation_data_prepared_apart(tmp_path, apart):
+    """Training on standardised digits, validating on the raw 0-255 pixel bytes (the scaler never applied)."""
+    (x, y), (xv, yv) = helpers.digits()
+    if apart:
+        from sklearn.datasets import load_digits
+
+        xv = load_digits().data[-len(xv):].astype(np.float32) * (255 / 16)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = KerasCallback(CONFIG, out_dir=tmp_path / "run")
+    model.fit(x, y, validation_data=(xv, yv), epochs=2, batch_size=32, verbose=0, callbacks=[callback])
+    run = tripwire.open_run(callback.run_url)
+    if apart:
+        assert [(v.rule, v.step) for v in run.verdicts() if v.fired] == [("first_evaluation", 43)]  # the end of epoch 1
+    else:
+        assert [v.rule for v in run.verdicts() if v.fired] == []

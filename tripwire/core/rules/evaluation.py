@@ -1,0 +1,88 @@
+"""The first evaluation against the start of training: a model evaluated far worse than it trains.
+
+An untrained model's loss is about its first training loss (ln C for a classifier of C classes). A first
+validation loss tens of times above both says the model computes something else in evaluation than in training:
+a module whose eval mode relies on state that only training builds (spectral_norm's power iteration, a BatchNorm
+whose running statistics never moved), or validation data prepared apart from the training data. Nothing else
+shows it: the training loss is fine and every tensor looks healthy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..naming import collection_of
+from ..ranges import Range
+from .base import Requirement, Rule
+from .losses import _chance, _mode
+
+
+@dataclass
+class FirstEvaluation(Rule):
+    """A first validation loss far above the loss the model started training at."""
+
+    factor: float = 10.0
+    val_tensor: str = "metrics/val_loss"
+    train_tensor: str = "losses/train"
+    val_mode: str = "eval"
+    train_mode: str = "train"
+
+    name = "first_evaluation"
+    limits = {"factor": Range(1.0, None, what="times the start's loss")}
+    modes = ("train", "eval")
+    condition = ("judged once, when both are known: the first value of `val_tensor` (in `val_mode`) is more than "
+                 "`factor` times the larger of the training loss at the start (the largest sampled value of "
+                 "`train_tensor` up to the first evaluation, or its first value where the evaluation came before "
+                 "any training) and, for a classifier of C classes (from the first step's loss), ln C")
+    hint = ("The model is evaluated far worse than it trains from the start. Likely causes: a module whose eval "
+            "mode needs state only training builds — torch.nn.utils.spectral_norm evaluated before any training "
+            "forward (its power iteration has not run), BatchNorm whose running statistics never moved (momentum "
+            "0, or evaluated before training with track_running_stats) — or validation data prepared apart from "
+            "the training data (not normalised the same way, another label encoding), or a validation loss "
+            "computed differently. Try: one training step before the first evaluation; the same preprocessing "
+            "object for both sets; the validation step on a training batch.")
+    source = ("TrainCheck (Lu et al., OSDI 2025) lists an evaluation before any train-mode forward of a "
+              "spectral_norm model among the silent errors it reproduces (a first loss of 1.5e5 where ln 10 = 2.3); "
+              "an untrained classifier's loss is ln C (Karpathy, 'A Recipe for Training Neural Networks', 2019: "
+              "verify the loss at init).")
+
+    def __post_init__(self):
+        self.modes = tuple(dict.fromkeys((_mode(self.train_mode), _mode(self.val_mode))))
+        self._judged: set = set()  # workers
+
+    @property
+    def history(self):
+        return 64  # the sampled training losses up to the first evaluation: the first epoch's samples
+
+    def requires(self):
+        return [Requirement(c) for c in dict.fromkeys([collection_of(self.train_tensor),
+                                                        collection_of(self.val_tensor)])]
+
+    def check(self, run, step):
+        worker = run.default_worker
+        if worker in self._judged or self.val_tensor not in run.tensor_names(mode=self.val_mode) or \
+                self.train_tensor not in run.tensor_names(mode=self.train_mode):
+            return None
+        val_steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
+        train_steps, train = run.tensor(self.train_tensor).series(mode=self.train_mode)
+        if not len(val_steps) or not len(train_steps):
+            return None
+        self._judged.add(worker)
+        first_eval, eval_step = float(val[0]), int(val_steps[0])
+        start = train[(train_steps <= max(eval_step, train_steps[0])) & np.isfinite(train)]
+        if not len(start) or not math.isfinite(first_eval):
+            return None  # a NaN is exploding_tensor's
+        chance = _chance(run)
+        baseline = max(float(start.max()), chance[0] if chance is not None else 0.0)
+        if baseline <= 0 or first_eval <= self.factor * baseline:
+            return None
+        against = f"the training loss at the start ({float(start.max()):.4g})"
+        if chance is not None:
+            against += f" and ln {chance[1]} = {chance[0]:.4g}, an untrained classifier's loss"
+        return self.fire(step, f"the first evaluation's {self.val_tensor}, {first_eval:.4g} at step {eval_step}, is "
+                               f"{first_eval / baseline:.0f}x {against}: the model computes something else in "
+                               "evaluation than in training.", tensor=self.val_tensor, onset=eval_step,
+                         first_eval=first_eval, baseline=baseline)
