@@ -30,7 +30,7 @@ from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
-from tripwire.plugins.torch.capture import TorchCapture
+from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
@@ -273,7 +273,7 @@ class TripwireCallback(*_callback_bases()):
             leave the others out of the collective decision."""
             if self._capture is not None:
                 self._capture.stepped(optimizer)  # the step runs: a GradScaler did not skip it
-            closure = kwargs.get("closure", args[0] if args else None)
+            closure = step_closure(args, kwargs)
             if self._sampled or not callable(closure) or trainer.world_size > 1:
                 return None
 
@@ -281,7 +281,8 @@ class TripwireCallback(*_callback_bases()):
                 self._loss = closure()
                 return self._loss
 
-            return (args, {**kwargs, "closure": kept}) if "closure" in kwargs else ((kept, *args[1:]), kwargs)
+            return (args, {**kwargs, "closure": kept}) if "closure" in kwargs else \
+                ((args[0], kept, *args[2:]), kwargs)
 
         self._watching = [o.register_step_post_hook(after_optimizer_step) for o in optimizers]
         self._watching += [o.register_step_pre_hook(before_optimizer_step) for o in optimizers]

@@ -78,16 +78,18 @@ class TorchCapture:
             held = {id(p): p for o in optimizers for _, p, _ in self._parameters_of(o)}
             self._cleared = GradientsCleared(held.values())
 
-    def before_optimizer_step(self, optimizer=None) -> None:
+    def before_optimizer_step(self, optimizer=None, gradients_later: bool = False) -> None:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values
         and gradients now, and a copy for their update, once per sample; and, where relations are sampled, whether
-        the step has gradients to apply and changes what it holds (tripwire.plugins.torch.relations)."""
+        the step has gradients to apply and changes what it holds (tripwire.plugins.torch.relations).
+        gradients_later: the step was handed a closure that computes its gradients (LBFGS)."""
         if not self.active or self.mode != "train":
             return
         if "relations" in self.active and optimizer is not None:
             rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups
                      for p in g["params"]}
-            self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates)
+            self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates,
+                                gradients_later)
         if not any(c in self.active for c in PARAM_COLLECTIONS):
             return
         updates = self.active.get("updates")
@@ -260,6 +262,12 @@ def optimizer_state(optimizers) -> dict[str, float]:
             if isinstance(betas, (tuple, list)) and betas:
                 out[f"beta1{suffix}"] = betas[0]
     return out
+
+
+def step_closure(args: tuple, kwargs: dict):
+    """The closure an optimizer's step was called with (`step(closure)`, `step(closure=...)`), or None, from the
+    arguments a step pre-hook receives: args[0] is the optimizer itself."""
+    return kwargs.get("closure", args[1] if len(args) > 1 else None)
 
 
 def _real(optimizer):

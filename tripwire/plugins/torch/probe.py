@@ -40,7 +40,7 @@ from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
-from .capture import TorchCapture
+from .capture import TorchCapture, step_closure
 from .firststep import LossSpy
 from .losswatch import LossWatch
 from .reduce import Reductions
@@ -175,8 +175,8 @@ class TripwireProbe:
         self._stepping = True
         self._end_look()
         self._capture.stepped(optimizer)
-        if self._sampled:
-            self._capture.before_optimizer_step(optimizer)
+        if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
+            self._capture.before_optimizer_step(optimizer, gradients_later=step_closure(args, kwargs) is not None)
 
     def _begin(self) -> None:
         self._begun = True

@@ -79,13 +79,15 @@ class StepEffect:
         self._steps: list = []  # per optimizer step: (id of the optimizer, parameters held, [device flag: no
         # gradient], witnesses)
 
-    def before(self, optimizer, parameters, rates: dict) -> None:
+    def before(self, optimizer, parameters, rates: dict, gradients_later: bool = False) -> None:
         """`optimizer` is about to step `parameters` (those it holds that require a gradient); `rates`: id of a
-        parameter -> its group's learning rate. Notes which have no gradient, and copies the witnesses."""
+        parameter -> its group's learning rate. Notes which have no gradient, and copies the witnesses.
+        gradients_later: the step computes its gradients itself (a closure, as LBFGS takes): those there now are
+        the previous step's, and whether it has any is not judged."""
         parameters = [p for p in parameters if p.requires_grad]
         if not parameters:
             return
-        empty = [True if p.grad is None else _all_zero(p.grad) for p in parameters]
+        empty = None if gradients_later else [True if p.grad is None else _all_zero(p.grad) for p in parameters]
         candidates = sorted((p for p in parameters if p.grad is not None and p.grad.layout == torch.strided
                              and not p.is_meta and _positive(rates.get(id(p)))), key=torch.Tensor.numel)
         witnesses = [(p, p.detach().clone(), p.grad.detach().any()) for p in candidates[:WITNESSES]]
@@ -96,21 +98,23 @@ class StepEffect:
         the parameters of a step none of which had a gradient; `step_changed_nothing`, the parameters with a
         gradient that a step left as they were, where it changed none of them. `ran`: the ids of the optimizers
         whose step ran, where the plugin knows (a GradScaler skips a step whose gradients overflowed, by design:
-        it is not judged). The flags are read in one copy; empty where no optimizer stepped."""
+        it is not judged). The flags are read in one copy; a relation no step could judge is absent."""
         steps, self._steps = [s for s in self._steps if ran is None or s[0] in ran], []
         flags = [f for _, _, empty, witnesses in steps for f in
-                 [*(e for e in empty if isinstance(e, torch.Tensor)),
+                 [*(e for e in empty or () if isinstance(e, torch.Tensor)),
                   *(t for p, before, moved in witnesses for t in (moved, (p.detach() != before).any()))]]
         read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
-        counts = {"no_gradients": 0, "step_changed_nothing": 0}
+        counts: dict = {}  # a relation no step could be judged on is absent
         for _, held, empty, witnesses in steps:
-            if all([e if isinstance(e, bool) else next(read) for e in empty]):  # a list: every flag is read
-                counts["no_gradients"] += held
+            if empty is not None:  # every flag is read: a list, not a generator, which all() stops early on
+                counts["no_gradients"] = counts.get("no_gradients", 0) + \
+                    held * all([e if isinstance(e, bool) else next(read) for e in empty])
             moved = [(next(read), next(read)) for _ in witnesses]
             with_gradient = [changed for has_gradient, changed in moved if has_gradient]
-            if with_gradient and not any(with_gradient):
-                counts["step_changed_nothing"] += len(with_gradient)
-        return counts if steps else {}
+            if with_gradient:
+                counts["step_changed_nothing"] = counts.get("step_changed_nothing", 0) + \
+                    (0 if any(with_gradient) else len(with_gradient))
+        return counts
 
 
 def _all_zero(grad: torch.Tensor):
