@@ -57,6 +57,8 @@ CAUSES: dict[str, Cause] = {
                                                                                    "loss_not_decreasing")),
     "training_relations:eval_mode": Cause("training in eval mode", ("loss_not_decreasing", "overfit",
                                                                     "oscillating_loss")),
+    "training_relations:replicas_differ": Cause("DDP replicas that drifted apart (each rank trains alone on its "
+                                                "share of the data)", ("overfit", "overtraining", "oscillating_loss")),
     "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),
     "input_features:scales": Cause("features on scales far apart", _BLOWUP + ("learning_rate:high",
                                                                              "input_not_normalized")),

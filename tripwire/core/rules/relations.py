@@ -46,6 +46,14 @@ RELATIONS = {
         "Pass held-out data as the validation set (xgb.train(evals=[(dtrain, 'train'), (dval, 'validation')]), "
         "eval_set=[(X_val, y_val)]): on the training data, early stopping never stops and overfitting never "
         "shows."),
+    "replicas_differ": (
+        "error",
+        "after this step's optimizer step, {n} rank(s) held parameters that differ from rank 0's: the DDP replicas "
+        "drifted apart, so each rank trains a model of its own on its share of the data",
+        "Call the DDP-wrapped model in the training forward (ddp_model(x), not ddp_model.module(x): only the "
+        "wrapper's backward all-reduces the gradients); let DDP broadcast the initial state (wrap the model after "
+        "building it the same way on every rank, load a checkpoint before wrapping, not on one rank after); never "
+        "change parameters on one rank only (an update, a clamp or a load under `if rank == 0`)."),
 }
 
 
@@ -66,8 +74,9 @@ class TrainingRelations(Rule):
                  "or all zero (error); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
                  "to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "
                  "a GradScaler skipped is not judged); `same_eval_data` — an XGBoost eval set logged exactly the "
-                 "metrics of another at every round so far (warning). PyTorch: the probe, Lightning and the Hugging "
-                 "Face Trainer; "
+                 "metrics of another at every round so far (warning); `replicas_differ` — under DDP, after an "
+                 "optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's (error; "
+                 "the probe and Lightning). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
                  "`stale_gradients` can break only where the user clears gradients (the probe, Lightning's manual "
                  "optimisation). Keras applies its gradients itself: it has none of these relations to break")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")

@@ -34,6 +34,7 @@ from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.reduce import Reductions
+from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
 
 from .loggers import sinks_of
@@ -105,6 +106,7 @@ class TripwireCallback(*_callback_bases()):
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
         self._verdicts: list = []
+        self._replicas: Replicas | None = None  # under DDP: the ranks whose parameters are compared
 
     @property
     def verdicts(self) -> list:
@@ -128,6 +130,8 @@ class TripwireCallback(*_callback_bases()):
         if rank != 0 and self.config.workers == "all":
             self._start(trainer, pl_module, self.run_url, True)
         self._watch(trainer)
+        if "relations" in self._plan:  # the strategy wraps the module in DistributedDataParallel by now
+            self._replicas = Replicas.of(trainer.strategy.model, trainer.strategy.root_device)
 
     def _location(self, trainer):
         """out_dir, else the config's `output` where the user's config sets it (None), else where Lightning puts
@@ -316,13 +320,18 @@ class TripwireCallback(*_callback_bases()):
                         break
         if not stepped:
             return
+        differ = None
+        if self._replicas is not None and any(c.name == "relations" for c in self._plan.at("train", self._batch_step)):
+            differ = self._replicas.differ(trainer.optimizers)  # every rank, recording or not, at the same steps
         if self._capture is not None:
             self._store_losses()  # the steps' losses since the last sample, before this step's
-            metrics = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
-                       if k not in self._eval_keys} if capture.wants("metrics") else None
+            scalars = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
+                       if k not in self._eval_keys} if capture.wants("metrics") else {}
+            if differ is not None:
+                scalars["relations/replicas_differ"] = differ
             losses, self._losses = self._losses, []
             loss = sum(losses) / len(losses) if losses else None
-            values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), metrics)
+            values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), scalars)
             decision = self._recorder.record(step, "train", values, tensors, loss=loss)
         self._decide(trainer, decision, trainer.global_step - 1)
 

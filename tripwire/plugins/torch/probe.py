@@ -27,6 +27,15 @@ torch's own hooks and asks the user for one call per iteration:
 The step is the number of `probe.step()` calls before this one: the plain
 loop's global step (optimizer steps). Forward passes in eval mode
 (`model.eval()`) do not begin a step.
+
+Under DDP (the model given is the DistributedDataParallel wrapper, in a process
+group of several ranks), every rank makes its probe, and they take part in two
+collectives at the sampled steps: where `relations` are sampled, the check that
+the replicas still hold the same parameters (`replicas.Replicas`); and the
+decision, agreed as under Lightning (tripwire.core.actions.agree), so that a
+stop or a raise on any rank ends every rank at the same step and no rank waits
+for one that left. A decision taken between samples (a NaN loss) waits for the
+next sampled step.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import logging
 
 import torch
 
+from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
@@ -45,6 +55,7 @@ from .firststep import LossSpy
 from .losswatch import LossWatch
 from .reduce import Reductions
 from .relations import MODE_DEPENDENT, eval_mode_modules
+from .replicas import Replicas
 from .structure import describe
 
 log = logging.getLogger("tripwire")
@@ -88,6 +99,8 @@ class TripwireProbe:
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
         self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
+        self._replicas = Replicas.of(model)  # None outside DDP: no collective at all
+        self._held = None  # under DDP, the decision of the steps since the last sample, acted on at the next
 
     @property
     def verdicts(self) -> list:
@@ -123,8 +136,13 @@ class TripwireProbe:
         if trained:
             scalars["relations/eval_mode"] = eval_mode_modules(self.model)
             self._eval_mode_said |= scalars["relations/eval_mode"] > 0
+        if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
+            differ = self._replicas.differ(self.optimizers)
+            if differ is not None:
+                scalars["relations/replicas_differ"] = differ
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
-        self._act(self._recorder.record(step, "train", values, tensors, loss=_mean(loss)).merge(self._recorder.poll()))
+        decision = self._recorder.record(step, "train", values, tensors, loss=_mean(loss))
+        self._act(decision.merge(self._recorder.poll()), sampled=True)
 
     def log_eval(self, metrics: dict) -> None:
         """Record evaluation metrics (e.g. {"val_loss": 0.3}) as `metrics/<name>` in mode eval at this step."""
@@ -202,12 +220,28 @@ class TripwireProbe:
             return decision
         return said if decision is None else decision.merge(said)
 
-    def _act(self, decision) -> None:
+    def _act(self, decision, sampled: bool = False) -> None:
+        """Checkpoint, stop, raise. Under DDP a decision is held until a sampled step (`sampled`), where every
+        rank agrees on it: a stop or a raise on any rank stops (raises on) all; a checkpoint, of this rank's own
+        state, is written by the ranks that asked for it."""
+        rank = None
+        if self._replicas is not None:
+            self._held = decision if self._held is None else self._held.merge(decision)
+            if not sampled:
+                return
+            decision, self._held = self._held, None
+            try:
+                decision.stop, _, decision.raise_for, rank = agree(decision, self._replicas.rank,
+                                                                   self._replicas.reduce_max, self._replicas.broadcast)
+            except Exception as exc:  # noqa: BLE001 - a failed collective must not take training down
+                log.warning("tripwire: the ranks could not agree on step %s's decision (%s: %s); this rank acts on "
+                            "its own", self.global_step - 1, type(exc).__name__, exc)
         if decision.checkpoint:
             self._checkpoint(decision.checkpoint[0])
         if decision.stop or decision.raise_for is not None:
             self.should_stop = True
-        decision.raise_if_asked()
+        if decision.raise_for is not None:
+            raise RuleFired(decision.raise_for, rank=rank)
 
     def _checkpoint(self, verdict) -> None:
         """Model and optimizer state, with torch.save, into the run (`checkpoints/<rule>-step<N>-worker<W>.pt`)."""

@@ -17,7 +17,8 @@
   non-zero gradient and a learning rate above 0, copied before the step, at least one differs after it. None
   changing is a step that does nothing (overridden, skipped by a wrapper, a compiled step that never writes back).
   Values are compared, not torch's version counters: a fused optimizer writes without counting.
-The last two are read at sampled steps, in one copy with the rest of the sample.
+The last two are read at sampled steps, in one copy with the rest of the sample. Across ranks, DDP replicas that
+hold the same parameters: tripwire.plugins.torch.replicas.
 """
 
 from __future__ import annotations
