@@ -14,16 +14,16 @@ from test_ddp import run_ddp
 import tripwire
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_probe_ddp.py"
-RELATIONS = {"sampling": {"every": 10}, "rules": [{"rule": "training_relations"}]}
+RELATIONS = {"workers": "all", "sampling": {"every": 10}, "rules": [{"rule": "training_relations"}]}
 
 
-def probe_ddp(tmp_path, config, *extra):
+def probe_ddp(tmp_path, config, *extra, ranks=(0, 1)):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(SCRIPT), str(tmp_path / "run"), json.dumps(config), str(tmp_path / "result"),
                            *extra], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in ranks]
 
 
 def differ(run) -> list:
@@ -54,6 +54,15 @@ def test_healthy_ddp_loop_records_equal_replicas_and_stays_silent(tmp_path):
         run = tripwire.open_run(result["run_url"])
         assert [v for v in run.verdicts() if v.fired] == []
         assert differ(run) == [(0, 0.0), (1, 0.0), (2, 0.0), (10, 0.0)]
+
+
+def test_a_probe_on_rank_0_alone_makes_no_collective(tmp_path):
+    """The default `workers: zero`: rank 1 has no probe, and rank 0's never waits for it (this would hang in the
+    gather at step 0 otherwise, until the subprocess timeout)."""
+    config = {**RELATIONS, "workers": "zero"}
+    (rank0,) = probe_ddp(tmp_path, config, "--steps", "12", "--probe-ranks", "0", ranks=(0,))
+    run = tripwire.open_run(rank0["run_url"])
+    assert [v for v in run.verdicts() if v.fired] == [] and "relations/replicas_differ" not in run.tensor_names()
 
 
 def test_lightning_ddp_records_equal_replicas_and_stays_silent(tmp_path):

@@ -1,13 +1,15 @@
 """A plain PyTorch DDP loop on CPU (gloo) with a TripwireProbe on each rank; launched by torchrun.
 
 usage: torchrun --standalone --nproc_per_node 2 train_probe_ddp.py RUN_PREFIX CONFIG_JSON RESULT_PREFIX
-                [--bypass] [--nan-rank R --nan-at STEP] [--steps N]
+                [--bypass] [--nan-rank R --nan-at STEP] [--steps N] [--probe-ranks R,...]
 Each rank trains on its own share of the digits and records into RUN_PREFIX-<rank>. --bypass: the training forward
 calls the inner module (`ddp_model.module(x)`), so no all-reduce follows and the replicas drift apart. --nan-rank:
-that rank's loss is NaN from step STEP on. Each rank writes RESULT_PREFIX-<rank>.json.
+that rank's loss is NaN from step STEP on. --probe-ranks: the ranks that make a probe (default: every rank). Each
+rank with a probe writes RESULT_PREFIX-<rank>.json.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,6 +30,7 @@ args.add_argument("--bypass", action="store_true")
 args.add_argument("--nan-rank", type=int, default=None)
 args.add_argument("--nan-at", type=int, default=None)
 args.add_argument("--steps", type=int, default=20)
+args.add_argument("--probe-ranks", default=None)
 a = args.parse_args()
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -41,7 +44,10 @@ model = torch.nn.parallel.DistributedDataParallel(
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 forward = model.module if a.bypass else model
 step = 0
-with TripwireProbe(model, optimizer, json.loads(a.config), out_dir=f"{a.run_prefix}-{rank}") as probe:
+probed = a.probe_ranks is None or str(rank) in a.probe_ranks.split(",")
+maybe_probe = TripwireProbe(model, optimizer, json.loads(a.config), out_dir=f"{a.run_prefix}-{rank}") if probed \
+    else contextlib.nullcontext()
+with maybe_probe as probe:
     for step in range(a.steps):
         i = 32 * (step % 20)
         optimizer.zero_grad()
@@ -50,10 +56,12 @@ with TripwireProbe(model, optimizer, json.loads(a.config), out_dir=f"{a.run_pref
         optimizer.step()
         if rank == a.nan_rank and step >= a.nan_at:
             loss = loss * float("nan")
-        probe.step(loss)
-        if probe.should_stop:
-            break
-with open(f"{a.result}-{rank}.json", "w") as f:
-    json.dump({"rank": rank, "last_step": step, "run_url": probe.run_url,
-               "verdicts": [v.to_dict() for v in probe.verdicts]}, f)
+        if probe is not None:
+            probe.step(loss)
+            if probe.should_stop:
+                break
+if probe is not None:
+    with open(f"{a.result}-{rank}.json", "w") as f:
+        json.dump({"rank": rank, "last_step": step, "run_url": probe.run_url,
+                   "verdicts": [v.to_dict() for v in probe.verdicts]}, f)
 dist.destroy_process_group()

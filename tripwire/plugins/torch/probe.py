@@ -29,13 +29,14 @@ loop's global step (optimizer steps). Forward passes in eval mode
 (`model.eval()`) do not begin a step.
 
 Under DDP (the model given is the DistributedDataParallel wrapper, in a process
-group of several ranks), every rank makes its probe, and they take part in two
-collectives at the sampled steps: where `relations` are sampled, the check that
+group of several ranks) with `workers: all` in the config, every rank makes its
+probe, and they take part in two collectives at the sampled steps: where `relations` are sampled, the check that
 the replicas still hold the same parameters (`replicas.Replicas`); and the
 decision, agreed as under Lightning (tripwire.core.actions.agree), so that a
 stop or a raise on any rank ends every rank at the same step and no rank waits
 for one that left. A decision taken between samples (a NaN loss) waits for the
-next sampled step.
+next sampled step. With `workers: zero` (the default) the probe makes no
+collective: a probe on rank 0 alone must never wait for ranks that have none.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class TripwireProbe:
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
         self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
-        self._replicas = Replicas.of(model)  # None outside DDP: no collective at all
+        # None outside DDP, or unless every rank has a probe (workers: all): no collective at all
+        self._replicas = Replicas.of(model) if self.config.workers == "all" else None
         self._held = None  # under DDP, the decision of the steps since the last sample, acted on at the next
 
     @property
