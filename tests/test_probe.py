@@ -126,6 +126,25 @@ def test_raise_action_ends_training_with_rule_fired(tmp_path):
     assert run.info["status"] == "stopped"
 
 
+def test_a_loop_that_updates_by_hand_fires_nothing(tmp_path):
+    """No optimizer: the loop applies its gradients itself, as PyTorch's word-language-model and regression examples
+    do. Its parameters train all the same: none is 'held by no optimizer'."""
+    net, _, batches = model_and_data()
+    with TripwireProbe(net, [], out_dir=tmp_path / "run") as probe:
+        for step in range(120):
+            x, y = batches[step % len(batches)]
+            net.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            for p in net.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    assert float(loss) < 0.5  # it learns
+    assert not [v for v in run.verdicts() if v.fired and v.severity != "info"]
+    assert all(p.trainable for p in run.model.parameters.values())
+
+
 def test_default_config_on_a_healthy_loop_fires_nothing(tmp_path):
     net, optimizer, batches = model_and_data()
     with TripwireProbe(net, optimizer, out_dir=tmp_path / "run") as probe:

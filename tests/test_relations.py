@@ -251,8 +251,9 @@ def test_a_parameter_no_optimizer_holds_is_not_this_rules(tmp_path):
 
 def test_an_lbfgs_closure_computes_its_gradients_inside_the_step(tmp_path):
     """LBFGS as PyTorch's time-sequence example runs it: zero_grad, forward and backward in the closure, which the
-    step calls after the probe's hook has run (step 0's gradients do not exist yet at that point); a forward pass
-    before the step (the batch's accuracy, in train mode) begins the step, so the hook sees a sampled one."""
+    step calls after the probe's hook has run (step 0's gradients do not exist yet at that point), and which ends
+    without an update once converged; a forward pass before the step (the batch's accuracy, in train mode) begins
+    the step, so the hook sees a sampled one."""
     x, y = digits()
     model = net()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
@@ -270,7 +271,5 @@ def test_an_lbfgs_closure_computes_its_gradients_inside_the_step(tmp_path):
     run = tripwire.open_run(probe.run_url)
     assert float(F.cross_entropy(model(x[:256]), y[:256])) < 0.5  # it learns
     assert findings(run) == []
-    assert "relations/no_gradients" not in run.tensor_names()  # not judged from the gradients before the step
-    # judged from step 1: at step 0 no parameter had a gradient yet to say which would change
-    assert run.tensor("relations/step_changed_nothing").series("value")[0].tolist() == [1, 2, 10]
-    assert run.tensor("relations/step_changed_nothing").series("value")[1].tolist() == [0, 0, 0]
+    # not judged: the gradients before the step are the previous step's, and a converged LBFGS step changes nothing
+    assert not {"relations/no_gradients", "relations/step_changed_nothing"} & set(run.tensor_names())

@@ -24,6 +24,16 @@ COMMON_RATES = {
     "lion": (1e-7, 1e-3), "lamb": (1e-5, 1e-2), "adafactor": (1e-5, 1e-2), "lbfgs": (1e-3, 1.0),
 }
 
+# Optimizers whose one step is a search over several evaluations of the loss (quasi-Newton, with its own step size):
+# a step may move the weights by their own size, and once converged not at all; neither says anything of a rate.
+SEARCHING = {"lbfgs"}
+
+
+def searching(run) -> bool:
+    """Whether the run's optimizer searches within each step (SEARCHING): its updates are not judged by size."""
+    optimizer = _optimizer(run)
+    return optimizer is not None and optimizer.lower() in SEARCHING
+
 
 @dataclass
 class LearningRate(Rule):
@@ -41,7 +51,8 @@ class LearningRate(Rule):
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
                  "judged), or one step changed at least `share` of the trainable kernels (zero-initialised ones "
-                 "left out) by more than `max_ratio` times their norm (too high); or, by the last of those steps, "
+                 "left out) by more than `max_ratio` times their norm (too high; not for an optimizer that searches "
+                 "within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
                  "the steps changed the kernels by less than `min_ratio` of their norm (median; too low)")
     hint = ("The learning rate is too high: each step throws the weights far from where they were, so they grow, "
@@ -69,7 +80,7 @@ class LearningRate(Rule):
         optimizer = _optimizer(run)
         rate = max(rates) if rates else None
         usual = COMMON_RATES.get(optimizer.lower()) if optimizer else None
-        ratios = self._ratios(run, step)
+        ratios = {} if searching(run) else self._ratios(run, step)
         middle = sorted(ratios.values())[len(ratios) // 2] if ratios else None
         seen = self._seen.setdefault(run.default_worker, [])
         seen.append((rate, middle))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..firststep import task_of
 from ..ranges import PERCENT, Range
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
@@ -150,7 +151,8 @@ class TensorVariance(Rule):
                  "(or below a tenth of what the standard initialisations give its fans, where that is lower: a "
                  "layer with a fan-in of hundreds of thousands starts there); kernels whose output is normalised "
                  "next (their scale does not matter), biases, normalisation parameters and embedding tables are "
-                 "left out")
+                 "left out; a regressor's output kernel (the last, under a regression loss) is not judged above: "
+                 "its weights carry the targets' scale")
     hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
             "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
             "constant initialisation) so the layer cannot tell inputs apart. Try: He/Glorot initialisation, a "
@@ -165,6 +167,7 @@ class TensorVariance(Rule):
     def check(self, run, step):
         variances = of_roles(run, values_at(run, step, "var", self.collections, self.regex), KERNEL_ROLES)
         model = run.model
+        output = _regression_output(run)
         found = []
         for name, var in variances.items():
             parameter = model.of(name) if model is not None else None
@@ -173,12 +176,23 @@ class TensorVariance(Rule):
             low = self.min_threshold
             if parameter is not None and parameter.fan_in:  # a wide layer starts below it by design
                 low = min(low, init_band(parameter.fan_in, parameter.fan_out)[0] / 10)
-            if var > self.max_threshold or var < low:
-                side = "above" if var > self.max_threshold else "below"
+            above = var > self.max_threshold and (parameter is None or parameter.path != output)
+            if above or var < low:
+                side = "above" if above else "below"
                 bound = self.max_threshold if side == "above" else low
                 found.append(self.fire(step, f"{name} has variance {var:.3g}, {side} {bound:g}.",
                                        finding=f"{name}:{side}", tensor=name, variance=var))
         return found or None
+
+
+def _regression_output(run) -> str | None:
+    """The path of a regressor's output kernel (the model's last kernel, where every loss of the first step is a
+    regression's): its weights grow to the targets' scale, a polynomial's coefficients of 5 as well as 0.5."""
+    model = run.model
+    if model is None or task_of(run.first_step) != "regression":
+        return None
+    kernels = [p for p in model.kernels(trainable=None) if p.tied_to is None]
+    return kernels[-1].path if kernels else None
 
 
 @dataclass

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..ranges import COUNT, POSITIVE, Range
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, learning_rates, of_roles, values_at
+from .optimizer import searching
 
 
 def init_band(fan_in: int, fan_out: int | None) -> tuple[float, float]:
@@ -96,7 +97,9 @@ class WeightUpdateRatio(Rule):
     condition = ("for a trainable kernel, ‖update‖ / ‖weight‖ over one optimizer step (the `updates` collection) "
                  "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
                  "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
-                 "rate is 0 (the start of a warmup); a parameter no optimizer stepped has no update")
+                 "rate is 0 (the start of a warmup); a parameter no optimizer stepped has no update; not judged for "
+                 "an optimizer that searches within its step (LBFGS: a step may rewrite the weights, and once "
+                 "converged leaves them as they are)")
     hint = ("Too large: each step rewrites the weights (learning rate too high, exploding gradients): lower the "
             "learning rate, clip gradients, warm up. Too small: the weights barely move (learning rate too low "
             "or decayed to 0, vanishing gradients): raise the learning rate, check the schedule. A healthy ratio "
@@ -109,7 +112,7 @@ class WeightUpdateRatio(Rule):
 
     def check(self, run, step):
         rates = learning_rates(run, step)
-        if rates is not None and not any(rates):
+        if (rates is not None and not any(rates)) or searching(run):
             return None
         updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
         found = []

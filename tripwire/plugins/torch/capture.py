@@ -49,6 +49,7 @@ class TorchCapture:
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
         self._ran: set = set()  # id of each optimizer whose step ran (None: one the plugin cannot name)
+        self._late: list = []  # (path, parameter, its Parameter) whose gradient the step computes itself (a closure)
         self._cleared: GradientsCleared | None = None  # this step's gradient hooks, where relations are sampled
         self._effect = StepEffect()  # what this step's optimizer steps had to apply and did, where relations are
 
@@ -59,7 +60,7 @@ class TorchCapture:
             self.active = {}
             return False
         self.active = {c.name: c for c in collections}
-        self.mode, self.step, self._stepped, self._ran = mode, step, False, set()
+        self.mode, self.step, self._stepped, self._ran, self._late = mode, step, False, set(), []
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         self._budget = self._new_budget() if self._new_budget is not None else None
         activations = self.active.get("activations")
@@ -82,14 +83,16 @@ class TorchCapture:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values
         and gradients now, and a copy for their update, once per sample; and, where relations are sampled, whether
         the step has gradients to apply and changes what it holds (tripwire.plugins.torch.relations).
-        gradients_later: the step was handed a closure that computes its gradients (LBFGS)."""
+        gradients_later: the step was handed a closure that computes its gradients."""
         if not self.active or self.mode != "train":
             return
-        if "relations" in self.active and optimizer is not None:
+        # a step that evaluates a closure itself (LBFGS) has no gradients of its own yet, and ends without an
+        # update once converged: its relations are not judged
+        if "relations" in self.active and optimizer is not None and not gradients_later and \
+                not isinstance(_real(optimizer), torch.optim.LBFGS):
             rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups
                      for p in g["params"]}
-            self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates,
-                                gradients_later)
+            self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates)
         if not any(c in self.active for c in PARAM_COLLECTIONS):
             return
         updates = self.active.get("updates")
@@ -98,10 +101,12 @@ class TorchCapture:
                 continue
             self._taken.add(path)
             self.take(parameter_collection(info.role, path), path, param, info.layer_class)
-            if param.grad is not None:
+            if gradients_later:
+                self._late.append((path, param, info))
+            elif param.grad is not None:
                 self.take("gradients", path, param.grad, info.layer_class)
-            if updates is not None and param.grad is not None and updates.selects(path):  # no grad: no step
-                self._before[path] = (param, param.detach().clone())
+            if updates is not None and (param.grad is not None or gradients_later) and updates.selects(path):
+                self._before[path] = (param, param.detach().clone())  # no gradient: no step
 
     def stepped(self, optimizer=None) -> None:
         """An optimizer's step ran (called from a hook inside `optimizer.step()`, where the plugin has one; with
@@ -126,6 +131,9 @@ class TorchCapture:
             self._scalar(f"relations/{relation}", count)
         if self.watching_steps and not self._stepped and self.mode == "train":
             self._leave_out_parameters()
+        for path, param, info in self._late:  # the gradient its step's closure computed
+            if param.grad is not None:
+                self.take("gradients", path, param.grad, info.layer_class)
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
                 if path not in self._taken:
@@ -147,6 +155,7 @@ class TorchCapture:
                 self._scalar(name, value)
         values, tensors = self._reductions.to_host(), self._tensors
         self.active, self._reductions, self._tensors, self._before, self._taken = {}, None, {}, {}, set()
+        self._late = []
         return values, tensors
 
     def _leave_out_parameters(self) -> None:
@@ -157,7 +166,7 @@ class TorchCapture:
         self.active = {n: c for n, c in self.active.items() if n not in PARAM_COLLECTIONS}
         self._reductions.forget(lambda name: name.split("/", 1)[0] in PARAM_COLLECTIONS)
         self._tensors = {n: t for n, t in self._tensors.items() if n.split("/", 1)[0] not in PARAM_COLLECTIONS}
-        self._before = {}
+        self._before, self._late = {}, []
 
     def close(self) -> None:
         self._remove_hooks()

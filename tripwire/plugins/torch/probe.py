@@ -93,12 +93,14 @@ class TripwireProbe:
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
+        self._in_step = None  # the optimizer whose step is running (a closure's forward may begin the step in it)
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
         self._sampled = False
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
+        self._hooks += [o.register_step_post_hook(self._after_optimizer_step) for o in self.optimizers]
         self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
         # None outside DDP, or unless every rank has a probe (workers: all): no collective at all
         self._replicas = Replicas.of(model) if self.config.workers == "all" else None
@@ -192,15 +194,21 @@ class TripwireProbe:
             self._capture.take_inputs(args[0])
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._stepping = True
+        self._stepping, self._in_step = True, optimizer
         self._end_look()
         self._capture.stepped(optimizer)
         if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
             self._capture.before_optimizer_step(optimizer, gradients_later=step_closure(args, kwargs) is not None)
 
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._in_step = None
+
     def _begin(self) -> None:
         self._begun = True
         self._sampled = self._capture.begin("train", self.global_step)
+        if self._sampled and self._in_step is not None:  # begun by a closure inside an optimizer's step (LBFGS):
+            self._capture.stepped(self._in_step)  # the parameters are as before it; its gradients come later
+            self._capture.before_optimizer_step(self._in_step, gradients_later=True)
         if self._sampled and self._after_optimizer:
             self._capture.watch_gradients(self.optimizers)
         if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss

@@ -80,15 +80,13 @@ class StepEffect:
         self._steps: list = []  # per optimizer step: (id of the optimizer, parameters held, [device flag: no
         # gradient], witnesses)
 
-    def before(self, optimizer, parameters, rates: dict, gradients_later: bool = False) -> None:
+    def before(self, optimizer, parameters, rates: dict) -> None:
         """`optimizer` is about to step `parameters` (those it holds that require a gradient); `rates`: id of a
-        parameter -> its group's learning rate. Notes which have no gradient, and copies the witnesses.
-        gradients_later: the step computes its gradients itself (a closure, as LBFGS takes): those there now are
-        the previous step's, and whether it has any is not judged."""
+        parameter -> its group's learning rate. Notes which have no gradient, and copies the witnesses."""
         parameters = [p for p in parameters if p.requires_grad]
         if not parameters:
             return
-        empty = None if gradients_later else [True if p.grad is None else _all_zero(p.grad) for p in parameters]
+        empty = [True if p.grad is None else _all_zero(p.grad) for p in parameters]
         candidates = sorted((p for p in parameters if p.grad is not None and p.grad.layout == torch.strided
                              and not p.is_meta and _positive(rates.get(id(p)))), key=torch.Tensor.numel)
         witnesses = [(p, p.detach().clone(), p.grad.detach().any()) for p in candidates[:WITNESSES]]
@@ -102,14 +100,13 @@ class StepEffect:
         it is not judged). The flags are read in one copy; a relation no step could judge is absent."""
         steps, self._steps = [s for s in self._steps if ran is None or s[0] in ran], []
         flags = [f for _, _, empty, witnesses in steps for f in
-                 [*(e for e in empty or () if isinstance(e, torch.Tensor)),
+                 [*(e for e in empty if isinstance(e, torch.Tensor)),
                   *(t for p, before, moved in witnesses for t in (moved, (p.detach() != before).any()))]]
         read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
         counts: dict = {}  # a relation no step could be judged on is absent
-        for _, held, empty, witnesses in steps:
-            if empty is not None:  # every flag is read: a list, not a generator, which all() stops early on
-                counts["no_gradients"] = counts.get("no_gradients", 0) + \
-                    held * all([e if isinstance(e, bool) else next(read) for e in empty])
+        for _, held, empty, witnesses in steps:  # every flag is read: a list, not a generator all() stops early on
+            counts["no_gradients"] = counts.get("no_gradients", 0) + \
+                held * all([e if isinstance(e, bool) else next(read) for e in empty])
             moved = [(next(read), next(read)) for _ in witnesses]
             with_gradient = [changed for has_gradient, changed in moved if has_gradient]
             if with_gradient:

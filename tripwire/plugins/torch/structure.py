@@ -110,9 +110,11 @@ def _activation_inputs(sequence: list) -> dict[str, str]:
 
 def describe(model: nn.Module, optimizers=None) -> ModelInfo:
     """Every parameter of `model` with its layer, type, role, shape and fans; frozen ones (requires_grad False,
-    or held by none of `optimizers` where they are given) with trainable False; tied ones with tied_to."""
+    or held by none of `optimizers` where some are given) with trainable False; tied ones with tied_to. No optimizer
+    at all (a loop that updates its parameters by hand, `p.data.add_(p.grad, alpha=-lr)`) tells nothing of which
+    parameters train."""
     optimized = None
-    if optimizers is not None:
+    if optimizers:
         optimized = {id(p) for o in optimizers for g in getattr(getattr(o, "optimizer", o), "param_groups", ())
                      for p in g["params"]}
     sequence = _sequence(model)
