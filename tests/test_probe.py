@@ -145,6 +145,53 @@ def test_a_loop_that_updates_by_hand_fires_nothing(tmp_path):
     assert all(p.trainable for p in run.model.parameters.values())
 
 
+def polynomial_fit(probe_dir):
+    """PyTorch's regression example: a Linear(4, 1) fitted to a polynomial whose coefficients are ~N(0, 25)."""
+    torch.manual_seed(0)
+    coefficients, bias, fc = torch.randn(4, 1) * 5, torch.randn(1) * 5, torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(fc.parameters(), lr=0.1)
+    with TripwireProbe(fc, optimizer, out_dir=probe_dir) as probe:
+        for _ in range(300):
+            x = torch.randn(32, 1)
+            features = torch.cat([x ** i for i in range(1, 5)], 1)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.smooth_l1_loss(fc(features), features @ coefficients + bias)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    return probe, float(loss)
+
+
+def lbfgs_fit(probe_dir):
+    """PyTorch's time-sequence example's optimizer: LBFGS at lr 0.8, a closure per step, to convergence; the
+    accuracy after each step, measured in train mode, so that the next step begins before its optimizer's."""
+    net, _, batches = model_and_data()
+    x, y = torch.cat([b[0] for b in batches[:16]]), torch.cat([b[1] for b in batches[:16]])
+    optimizer = torch.optim.LBFGS(net.parameters(), lr=0.8)
+    with TripwireProbe(net, optimizer, out_dir=probe_dir) as probe:
+        for _ in range(8):
+            def closure():
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+                loss.backward()
+                return loss
+            loss = optimizer.step(closure)
+            probe.step(loss)
+            with torch.no_grad():  # the accuracy after the step, in train mode: this forward begins the next step
+                probe.log_eval({"accuracy": float((net(x).argmax(1) == y).float().mean())})
+    return probe, float(loss)
+
+
+@pytest.mark.parametrize("fit", [polynomial_fit, lbfgs_fit], ids=["polynomial_regression", "lbfgs"])
+def test_healthy_example_programs_fire_nothing(tmp_path, fit):
+    """The regressor's output kernel grows to the targets' scale (variance ~25); an LBFGS step moves the weights by
+    more than their norm, and a converged one not at all: none of it is a fault."""
+    probe, loss = fit(tmp_path / "run")
+    assert loss < 0.1  # it learns (from ~1 for the classifier, ~10 for the polynomial)
+    run = tripwire.open_run(probe.run_url)
+    assert not [(v.rule, v.message) for v in run.verdicts() if v.fired and v.severity != "info"]
+
+
 def test_default_config_on_a_healthy_loop_fires_nothing(tmp_path):
     net, optimizer, batches = model_and_data()
     with TripwireProbe(net, optimizer, out_dir=tmp_path / "run") as probe:
