@@ -8,6 +8,7 @@ rows, so their gradient is small and sparse by nature.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..ranges import COUNT, POSITIVE, SHARE
@@ -76,7 +77,9 @@ class ExplodingGradient(Rule):
     condition = ("the L2 norm of the first layer's trainable kernel gradients is more than `ratio_threshold` times "
                  "the last layer's (layers in the model's order; a layer's kernels taken together, so a recurrent "
                  "layer's input and recurrent kernels are one layer), or some kernel gradient's L2 norm exceeds "
-                 "`max_norm`")
+                 "`max_norm` times the first training loss where that is above 1 (a gradient is the loss's "
+                 "derivative: a regression on targets in the hundreds starts at a loss of 10^4 and trains with "
+                 "gradient norms in the thousands)")
     hint = ("Gradients grow as they flow back through the layers, so early layers take huge steps. Likely causes: "
             "weights initialised too large, no normalisation, a deep stack without residual connections, a "
             "learning rate too high. Try: gradient clipping (gradient_clip_val / clipnorm), He or Glorot "
@@ -84,17 +87,22 @@ class ExplodingGradient(Rule):
     source = ("AUTOTRAINER (Zhang et al., ICSE 2021) exploding gradient: first/last layer gradient-norm ratio > 70 "
               "(beta_3); the absolute bound `max_norm` is tripwire's own; here on kernels, by layer.")
 
+    def __post_init__(self):
+        self._first_loss: dict = {}  # worker -> the first training loss seen (the memory holds the newest only)
+
     def requires(self):
-        return [Requirement("gradients", ("l2",))]
+        return [Requirement("gradients", ("l2",)), Requirement("losses", optional=True)]
 
     def check(self, run, step):
         norms = of_roles(run, values_at(run, step, "l2", ["gradients"]), KERNEL_ROLES)
         found = []
-        large = {n: v for n, v in norms.items() if v > self.max_norm}
+        bound = self.max_norm * max(1.0, self._loss_scale(run, step))
+        large = {n: v for n, v in norms.items() if v > bound}
         if large:
             name = max(large, key=large.get)
-            found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {self.max_norm:g}.",
-                                   finding="norm", gradients=large, max_norm=self.max_norm))
+            scaled = f" (max_norm {self.max_norm:g} times the first training loss)" if bound > self.max_norm else ""
+            found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {bound:.3g}{scaled}.",
+                                   finding="norm", gradients=large, max_norm=bound))
         layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}
         if len(layers) >= 2:
             (first, a), (last, b) = next(iter(layers.items())), list(layers.items())[-1]
@@ -104,6 +112,16 @@ class ExplodingGradient(Rule):
                                              f"{self.ratio_threshold:g}x.", finding="ratio", ratio=a / b,
                                        first=first, last=last))
         return found or None
+
+    def _loss_scale(self, run, step: int) -> float:
+        """|the first training loss| of this worker, where the run holds one by this step; 0 otherwise."""
+        worker = run.default_worker
+        if worker not in self._first_loss and "losses/train" in run.tensor_names("losses"):
+            steps, values = run.tensor("losses/train").series("value")
+            finite = [abs(float(v)) for s, v in zip(steps, values) if s <= step and math.isfinite(v)]
+            if finite:
+                self._first_loss[worker] = finite[0]
+        return self._first_loss.get(worker, 0.0)
 
 
 SATURATING = ("sigmoid", "tanh", "hardsigmoid", "hardtanh", "softsign", "logsigmoid")
