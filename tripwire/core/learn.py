@@ -58,8 +58,8 @@ def widen(reduction: str, low: float, high: float) -> tuple[float | None, float 
     Another seed of the same pipeline draws other initial weights and batches, so its values scatter around the
     same range and a little beyond it; a fault moves them by orders of magnitude (a learning rate 1000x, biases at
     -20, every unit dead, a NaN). The margins sit between the two, sized on the zoo's pipelines (the Lightning ReLU
-    MLP, the Keras MLP, the XGBoost binary classifier; 9 seeds each: every pair learned from, the 7 other seeds
-    checked):
+    MLP, the Keras MLP, the XGBoost binary classifier, 2 epochs or 100 rounds; 12 seeds each: every pair of the
+    first 9 learned from, the 10 other seeds checked):
 
     - counts are exact: a NaN count that was 0 at every healthy step stays 0;
     - shares (0 to 1) widen by SHARE_MARGIN, a quarter of the scale, on each side (a third seed went at most 0.13
@@ -68,8 +68,11 @@ def widen(reduction: str, low: float, high: float) -> tuple[float | None, float 
     - magnitudes (norms, standard deviations) and scalars (the loss, the learning rate, a tree's depth) vary by
       factors and keep their sign: on the log scale, their range widens by its own width on each side and by
       FACTOR (4x) more, so a quantity that varied 10x across healthy steps may reach 40x beyond that, a constant one
-      4x; a third seed went at most 3.4x beyond the range's width (the gradients of a Keras layer on its easiest
-      batches). A norm that was never 0 must stay so: the tensor is never all zero;
+      4x; a third seed went at most 3.4x beyond the range's width. Toward 0 a magnitude widens by that factor
+      squared: a batch the model already fits gives a gradient near 0 (the 3-sample last batch of a Keras epoch,
+      150x below two seeds' range), while a dead layer's is exactly 0: a norm that was never 0 must stay so (the
+      tensor is never all zero). A scalar's is not squared: a training loss that falls faster than the healthy
+      runs' is how the zoo's overfitting booster shows;
     - means, sums and percentiles take either sign by chance (the mean of a layer's outputs at initialisation):
       they widen by SPANS (5) times their span on each side (a third seed needed up to 3.3 spans: the mean
       gradient of a Keras layer on an epoch's 3-sample last batch); a side at exactly 0 stays there (a ReLU
@@ -86,7 +89,8 @@ def widen(reduction: str, low: float, high: float) -> tuple[float | None, float 
     if not (low > 0 or high < 0) or reduction not in (*MAGNITUDES, *EXTREMES, VALUE):
         return linear
     factor = FACTOR * (high / low if low > 0 else low / high)
-    logarithmic = (low / factor, high * factor) if low > 0 else (low * factor, high / factor)
+    inward = factor ** 2 if reduction in MAGNITUDES else factor
+    logarithmic = (low / inward, high * factor) if low > 0 else (low * factor, high / inward)
     if reduction in EXTREMES:
         return min(linear[0], logarithmic[0]), max(linear[1], logarithmic[1])
     return logarithmic
