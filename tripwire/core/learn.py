@@ -17,9 +17,10 @@ training).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
+
+import numpy as np
 
 from .naming import VALUE, collection_of
 from .rules.learned import Invariant, kind_of
@@ -41,15 +42,16 @@ SKIPPED_COLLECTIONS = ("feature_importance",)
 # An invariant rests on at least this many samples: the range of a few says little (of 2 samples, a third lands
 # outside their range two times in three).
 MIN_SAMPLES = 8
+DECADES = 10 ** np.arange(19, dtype=np.int64)  # the first step of each band after step 0
 # The margins (see `widen`).
 FACTOR = 4.0
 SPANS = 5.0
 SHARE_MARGIN = 0.25
 
 
-def band_of(step: int) -> int:
-    """The decade a step is in: 0 for step 0, 1 for steps 1-9, 2 for 10-99, …"""
-    return len(str(step)) if step > 0 else 0
+def bands_of(steps: np.ndarray) -> np.ndarray:
+    """The decade each step is in: 0 for step 0, 1 for steps 1-9, 2 for 10-99, …"""
+    return np.searchsorted(DECADES, steps, side="right")
 
 
 def widen(reduction: str, low: float, high: float) -> tuple[float | None, float | None]:
@@ -99,7 +101,7 @@ def widen(reduction: str, low: float, high: float) -> tuple[float | None, float 
 
 def learn(runs) -> list[Invariant]:
     """The invariants every sampled step of every run held, in the order their tensors were first captured."""
-    pools: dict = defaultdict(lambda: [[], [], set()])  # (kind, mode, reduction, band) -> [steps, values, runs]
+    pools: dict = defaultdict(lambda: ([], [], set()))  # (kind, mode, reduction, band) -> steps, values, runs
     for index, run in enumerate(runs):
         model = run.model
         for worker in run.workers():
@@ -113,20 +115,22 @@ def learn(runs) -> list[Invariant]:
                         if reduction in SKIPPED_REDUCTIONS:
                             continue
                         steps, values = tensor.series(reduction, mode=mode, worker=worker)
-                        for step, value in zip(steps.tolist(), values.tolist()):
-                            pool = pools[(kind, mode, reduction, band_of(step))]
-                            pool[0].append(step)
-                            pool[1].append(value)
+                        bands = bands_of(steps)
+                        for band in np.unique(bands).tolist():
+                            pool = pools[(kind, mode, reduction, band)]
+                            pool[0].append(steps[bands == band])
+                            pool[1].append(values[bands == band])
                             pool[2].add(index)
     invariants = []
     for (kind, mode, reduction, _), (steps, values, held_by) in pools.items():
-        if len(held_by) < len(runs) or len(values) < MIN_SAMPLES or not all(math.isfinite(v) for v in values):
+        steps, values = np.concatenate(steps), np.concatenate(values)
+        if len(held_by) < len(runs) or len(values) < MIN_SAMPLES or not np.isfinite(values).all():
             continue
-        seen = (min(values), max(values))
+        seen = (float(values.min()), float(values.max()))
         low, high = widen(reduction, *seen)
         if low is None and high is None:
             continue
-        invariants.append(Invariant(kind, mode, (min(steps), max(steps)), reduction, seen, low, high))
+        invariants.append(Invariant(kind, mode, (int(steps.min()), int(steps.max())), reduction, seen, low, high))
     return invariants
 
 

@@ -202,15 +202,15 @@ class LearnedInvariants(Rule):
               "likely invariants (Ernst et al., 2007) over training's reductions, per layer type and role.")
 
     def __post_init__(self):
+        """Parse the invariants, every mistake at its key (ParamError); None is the rule as documented, before a
+        config gives it what was learned."""
         found, problems = [], []
-        if self.invariants is None:  # the rule as documented, before a config gives it what it learned
-            pass
-        elif not isinstance(self.invariants, list) or not self.invariants:
+        if self.invariants is not None and (not isinstance(self.invariants, list) or not self.invariants):
             got = "none" if isinstance(self.invariants, list) else f"a {type(self.invariants).__name__}"
             problems.append((("invariants",), f"expected a list of invariants, got {got}: write them with `tripwire "
                                               "learn RUN [RUN ...] -o learned.yaml` from healthy runs of the "
                                               "pipeline."))
-        else:
+        elif self.invariants is not None:
             for i, entry in enumerate(self.invariants):
                 invariant, wrong = parse(entry, ("invariants", i))
                 problems += wrong
@@ -227,12 +227,10 @@ class LearnedInvariants(Rule):
     def requires(self):
         """The collections and reductions the invariants read, and nothing else: the learned runs had them."""
         wanted: dict = {}
-        for kind, _ in self._by_kind:
-            collection = dict(kind).get("collection") or collection_of(dict(kind)["tensor"])
-            wanted.setdefault(collection, set())
         for (kind, _), invariants in self._by_kind.items():
-            collection = dict(kind).get("collection") or collection_of(dict(kind)["tensor"])
-            wanted[collection] |= {i.reduction for i in invariants if i.reduction != VALUE}
+            kind = dict(kind)
+            collection = kind.get("collection") or collection_of(kind["tensor"])
+            wanted.setdefault(collection, set()).update(i.reduction for i in invariants if i.reduction != VALUE)
         return [Requirement(c, tuple(sorted(r))) for c, r in sorted(wanted.items())]
 
     def check(self, run, step):
@@ -262,13 +260,15 @@ class LearnedInvariants(Rule):
         message = (f"{named}: {invariant.reduction} {shown} at step {step}, outside what {runs} showed at "
                    f"{where}: {invariant.expected()} (they held {invariant.seen[0]:.4g} to "
                    f"{invariant.seen[1]:.4g}){more}.")
-        layer = {k: kind[k] for k in ("layer_class", "role") if k in kind}
-        return self.fire(step, message, finding=what, tensor=name, **layer, reduction=invariant.reduction,
-                         value=value if math.isfinite(value) else str(value), low=invariant.low,
-                         high=invariant.high, seen=list(invariant.seen), steps=list(invariant.steps),
-                         learned_from=list(self.learned_from),
-                         broken=[{"tensor": n, "reduction": i.reduction,
-                                  "value": v if math.isfinite(v) else str(v)} for n, i, v in found])
+        evidence = {**invariant.to_dict(), "tensor": name, "value": _shown(value),  # the kind, steps, seen, bounds
+                    "learned_from": list(self.learned_from),
+                    "broken": [{"tensor": n, "reduction": i.reduction, "value": _shown(v)} for n, i, v in found]}
+        return self.fire(step, message, finding=what, **evidence)
+
+
+def _shown(value: float) -> float | str:
+    """A value for a verdict's evidence (JSON): a NaN or ±Inf as its name."""
+    return value if math.isfinite(value) else str(value)
 
 
 def _value(run, recorded, name: str, reduction: str, step: int) -> float | None:
