@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import listing
 from ..model import ROLES
 from ..naming import COLLECTIONS, MODES, VALUE, collection_of, path_of
 from ..reductions import REDUCTIONS
@@ -252,7 +253,7 @@ class LearnedInvariants(Rule):
         name, invariant, value = found[0]
         what = describe_kind(kind)
         shown = f"{value:.4g}" if math.isfinite(value) else f"{value} (not finite)"
-        runs = f"the {len(self.learned_from)} healthy run(s)" if self.learned_from else "the healthy runs"
+        runs = f"the healthy runs ({listing(self.learned_from, 3)})" if self.learned_from else "the healthy runs"
         where = f"step {invariant.steps[0]}" if invariant.steps[0] == invariant.steps[1] else \
             f"steps {invariant.steps[0]}-{invariant.steps[1]}"
         more = f"; {len(found) - 1} more invariant(s) of {what} broken at this step" if len(found) > 1 else ""
