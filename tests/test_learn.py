@@ -150,6 +150,16 @@ def test_overfitting_booster_breaks_learned_invariants(booster_learned, tmp_path
     assert_caught(attach.run_url, booster_learned, capsys, "metrics/train/logloss", "value")
 
 
+def test_learn_reads_runs_at_any_fsspec_url(booster_learned, tmp_path):
+    """The same boosters, stored in memory://, learn the same invariants; their URLs are quoted in the file."""
+    runs = [booster(Attach(BOOSTER_CAPTURE, f"memory://learn-{tmp_path.name}/seed{seed}"), seed) for seed in (1, 2)]
+    path = tmp_path / "learned.yaml"
+    assert main(["learn", *runs, "-o", str(path)]) == 0
+    invariants = lambda text: [line for line in text.splitlines() if line.startswith("        - {")]  # noqa: E731
+    assert invariants(path.read_text()) == invariants(open(booster_learned).read())
+    assert tripwire.load_config(str(path)).rules[0].params["learned_from"] == runs
+
+
 # -- kinds, the file, and what the verb says ------------------------------------------------------------------------
 def test_a_renamed_and_deeper_model_has_the_same_kinds_of_tensors():
     """Invariants name tensors by collection, layer class and role: the kinds of a model with other names and more
