@@ -96,6 +96,7 @@ INIT_XGBOOST = "tripwire init --framework xgboost"
 XGB_TRAIN = ("docs/xgboost.md", 'cb = TripwireCallback("xgboost.yaml", out_dir="runs/exp1"')
 
 COMPARE = ("docs/compare.md", "result = tripwire.compare(")
+LEARN = ("docs/learn.md", "for seed in (1, 2, 3):")
 ANALYSE = ("docs/analyse.md", 'run = tripwire.open_run("s3://bucket/runs/exp1")')
 LIGHTNING = ("README.md", "from tripwire.plugins.lightning import TripwireCallback")
 READING = ("README.md", 'run = tripwire.open_run("runs/exp1")')
@@ -281,6 +282,13 @@ assert result.diverging[0].name == "optimizer/lr" and abs(result.diverging[0].ma
 assert run.tensor("weights/net.0.weight").value(100).shape == (32, 64) and steps.tolist() == [0, 100]
 """),
 }
+# docs/learn.md trains README's Lightning model with several seeds: the reader's module and loader, as README's.
+CASES[LEARN] = dict(folder="learn", prelude=CASES[LIGHTNING]["prelude"], check="""
+import tripwire
+
+assert [tripwire.open_run(f"runs/{name}").info["status"] for name in ("seed1", "seed2", "seed3", "broken")] == \\
+    ["finished"] * 4
+""")
 # The custom rule is a module of the reader's project, named by README's config: the shared run imports it.
 MODULES = {("README.md", "class LargeGradient(Rule):"): "my_project/rules.py"}
 # Snippets not run, with the reason.
@@ -391,6 +399,22 @@ def test_the_compare_output_shown(tmp_path):
     assert_shows("\n".join(shown.splitlines()[1:]), out.stdout.splitlines())
 
 
+def test_the_learn_commands_shown(tmp_path):
+    """docs/learn.md: its snippet trains three healthy runs and a broken one; each of its console blocks, run as
+    written there, prints what the page shows: learned from two seeds, the third passes (exit 0), the broken run
+    does not (exit 1). Its YAML example is a config that loads."""
+    run_snippet(LEARN, tmp_path)
+    shown = [text for lang, text in blocks("docs/learn.md") if lang == "console"]
+    assert [block.splitlines()[0][2:] for block in shown] == LEARN_CLI
+    for block, code in zip(shown, (0, 0, 1)):
+        command, *lines = block.splitlines()
+        out = cli(tmp_path, command[2:])
+        assert out.returncode == code, out.stdout + out.stderr
+        assert_shows("\n".join(lines), out.stdout.splitlines())
+    (example,) = [text for lang, text in blocks("docs/learn.md") if lang == "yaml"]
+    assert len(tripwire.load_config(example).rules[0].create().requires()) == 2
+
+
 def test_the_custom_rule_fires_when_its_threshold_is_reached(shared):
     """README's LargeGradient, loaded by name from the reader's project: silent at threshold 20 in the shared run,
     firing on the same run at a threshold every gradient passes."""
@@ -422,6 +446,8 @@ NOT_RUN = {
 # The commands of docs/ that a test of their own runs (README's all run in test_shell_commands_over_the_shared_run).
 S3_LS = "tripwire ls s3://bucket/runs --json"
 COMPARE_CLI = "tripwire compare runs/reference runs/refactor"
+LEARN_CLI = ["tripwire learn runs/seed1 runs/seed2 -o learned.yaml", "tripwire check runs/seed3 --config learned.yaml",
+             "tripwire check runs/broken --config learned.yaml"]
 EXPORT = "tripwire export tensorboard runs/exp1 tb/exp1 && tensorboard --logdir tb"  # TensorBoard serves: not run
 BENCH = ".venv/bin/python -m benchmarks.run"  # minutes each: `--help` says the options exist
 
@@ -439,13 +465,14 @@ def test_every_shell_command_is_checked():
     """Each line is a `make` target (checked below), a `pip install` (tests/test_install.py checks its extras), a
     `tripwire` command (run below or as a snippet's setup), a benchmark, or in NOT_RUN with its reason."""
     run = {*commands(shell_lines()), *(case["setup"] for case in CASES.values() if case.get("setup")), S3_LS,
-           COMPARE_CLI, EXPORT}
+           COMPARE_CLI, EXPORT, *LEARN_CLI}
     for doc in DOCS:
         for line in commands(shell_lines(doc)):
             assert line.split()[0] in ("make", "pip") or line in run or line in NOT_RUN or line.startswith(BENCH), \
                 f"{doc}: {line}"
     everywhere = {line for doc in DOCS for line in shell_lines(doc)}
-    assert {*NOT_RUN, S3_LS, COMPARE_CLI, EXPORT} <= everywhere, "a command named here that no document has"
+    assert {*NOT_RUN, S3_LS, COMPARE_CLI, EXPORT, *LEARN_CLI} <= everywhere, \
+        "a command named here that no document has"
 
 
 def test_make_targets_exist():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .case import Attach, Case
 
 COUNTED = ("warning", "error")  # severities that count: info verdicts are neither alarms nor detections
-NEEDS_PARAMS = ("similar_across_runs",)  # a rule that cannot run without parameters of the user's
+NEEDS_PARAMS = ("similar_across_runs", "learned_invariants")  # rules that cannot run without parameters of the user's
 
 
 def all_rules(framework: str) -> dict:

@@ -138,6 +138,21 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("logdir", help="where to write the event files (a folder or fsspec URL)")
     exp.set_defaults(func=lambda args: _delegate("export", args))
 
+    le = sub.add_parser("learn", help="learn the ranges healthy runs held; write them as a rule file",
+                        description="Learn, from healthy runs of one pipeline, the range of every captured reduction "
+                                    "per kind of tensor (collection, layer class and role: the gradients of Linear "
+                                    "kernels, the loss, the learning rate), per mode and per band of steps (0, 1-9, "
+                                    "10-99, ...), widened by a margin; write them as a config of one rule, "
+                                    "learned_invariants, that warns where a later run leaves them. docs/learn.md "
+                                    "has the details.",
+                        epilog="exit codes: 0 written, 2 an error (a run missing or damaged, nothing learned, the "
+                               "file cannot be written).")
+    le.add_argument("runs", nargs="+", metavar="RUN",
+                    help="healthy runs of the pipeline (folders, memory://…, s3://…)")
+    le.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="the rule file to write; check a run with `tripwire check RUN --config FILE`")
+    le.set_defaults(func=lambda args: _delegate("learn", args))
+
     r = sub.add_parser("rules", help="every built-in rule, or one in full")
     r.add_argument("name", nargs="?", help="a rule's name: print it in full")
     r.set_defaults(func=_rules)
@@ -177,8 +192,8 @@ def _delegate(verb: str, args) -> int:
     """Verbs whose code lives in its own module, imported only when used."""
     import importlib
 
-    module = importlib.import_module({"report": ".report_html", "compare": ".compare", "export": ".export"}[verb],
-                                     __package__)
+    modules = {"report": ".report_html", "compare": ".compare", "export": ".export", "learn": ".learn"}
+    module = importlib.import_module(modules[verb], __package__)
     return module.cli(args, _storage_options())
 
 

@@ -312,6 +312,7 @@ def _collection(name: str, body: Any, path: tuple, c: Checker) -> dict:
 
 def _rule(value: Any, path: tuple, c: Checker) -> RuleSpec | None:
     """One entry of `rules:`; its parameters are checked against the rule's defaults (their kind) and ranges."""
+    from .rules.base import ParamError
     from .rules.registry import RuleLoadError, rule_class, rule_names
 
     if isinstance(value, str):
@@ -348,6 +349,9 @@ def _rule(value: Any, path: tuple, c: Checker) -> RuleSpec | None:
     if not missing and len(params) == len(given_params):
         try:
             cls(**params)
+        except ParamError as exc:  # each problem at its own key and line
+            for key, message in exc.problems:
+                c.report(path + ("params",) + tuple(key), message)
         except (TypeError, ValueError) as exc:
             c.report(path + ("params",), f"rule {ref} does not accept these params: {exc}")
     actions = ()

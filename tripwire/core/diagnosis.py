@@ -100,6 +100,8 @@ CAUSES: dict[str, Cause] = {
     "loss_not_decreasing": Cause("the loss does not go down", ("overtraining", "class_imbalance", "confusion")),
     "class_imbalance": Cause("class imbalance", ("confusion",)),
     "confusion": Cause("classes confused", ()),
+    # each learned invariant a run breaks says the same: it is not like the healthy runs they were learned from
+    "learned_invariants": Cause("a departure from what healthy runs of this pipeline held", ("learned_invariants",)),
 }
 _RANK = {kind: i for i, kind in enumerate(CAUSES)}
 

@@ -112,6 +112,11 @@ def requirement_lines(rule) -> list[str]:
     return lines
 
 
+def _nothing(cls) -> str:
+    """What a rule that requires nothing at its defaults reads: what its required parameters name, or nothing."""
+    return "what its required parameters name" if cls.required_parameters() else "nothing captured"
+
+
 def _evaluated(cls) -> str:
     if cls.idle:
         return "by the clock (tripwire watch, and the training process's writer thread)"
@@ -125,7 +130,8 @@ def describe(cls) -> str:
     required, ranges = cls.required_parameters(), cls.ranges()
     out += [f"  {k} = {v!r}" + (" (required)" if k in required else "") + (f"; {ranges[k]}" if k in ranges else "")
             for k, v in cls.parameters().items()] or ["  (none)"]
-    out += ["", "requires:"] + [f"  {line}" for line in requirement_lines(rule)] + [f"  evaluated {_evaluated(cls)}"]
+    out += ["", "requires:"] + [f"  {line}" for line in requirement_lines(rule) or [_nothing(cls)]] + \
+        [f"  evaluated {_evaluated(cls)}"]
     out += ["", f"hint: {cls.hint}", "", f"source: {cls.source}"]
     return "\n".join(out)
 
@@ -180,7 +186,7 @@ def markdown(zoo: dict | None = None) -> str:
             f"**Condition.** {cls.condition}.".replace("..", "."), "",
             "**Parameters.**", "",
             "| parameter | default | valid values |\n|---|---|---|\n" + params if params else "None.", "",
-            "**Requires.** " + "; ".join(requirement_lines(rule) or ["nothing captured"]) +
+            "**Requires.** " + "; ".join(requirement_lines(rule) or [_nothing(cls)]) +
             f". Evaluated {_evaluated(cls)}.", "",
             f"**Hint.** {cls.hint}", "",
             f"**Source.** {cls.source}", "",

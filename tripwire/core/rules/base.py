@@ -45,6 +45,16 @@ class NotApplicable(Exception):
     ends with a `no_data` verdict that gives this reason."""
 
 
+class ParamError(ValueError):
+    """Raised by a rule's constructor for parameters it cannot use, each problem at its key: `problems` holds
+    (key path under `params`, message) pairs, e.g. (("invariants", 3, "low"), "expected a finite number"), which
+    loading a config reports at their lines, all at once, as it reports every other mistake."""
+
+    def __init__(self, problems: list):
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{'.'.join(map(str, key))}: {message}" for key, message in self.problems))
+
+
 class Rule:
     name: ClassVar[str] = ""
     condition: ClassVar[str] = ""  # the exact condition, one or two sentences
