@@ -51,7 +51,7 @@ class TorchCapture:
         self._ran: set = set()  # id of each optimizer whose step ran (None: one the plugin cannot name)
         self._late: list = []  # (path, parameter, its Parameter) whose gradient the step computes itself (a closure)
         self._cleared: GradientsCleared | None = None  # this step's gradient hooks, where relations are sampled
-        self._effect = StepEffect()  # what this step's optimizer steps had to apply and did, where relations are
+        self._effect = StepEffect()  # what this sample's optimizer steps had to apply and did (relations)
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -62,6 +62,7 @@ class TorchCapture:
         self.active = {c.name: c for c in collections}
         self.mode, self.step, self._stepped, self._ran, self._late = mode, step, False, set(), []
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
+        self._effect = StepEffect()  # nothing left over from a sample that ended without end() (closed in a step)
         self._budget = self._new_budget() if self._new_budget is not None else None
         activations = self.active.get("activations")
         if activations is not None and mode == "train":
@@ -90,8 +91,7 @@ class TorchCapture:
         # update once converged: its relations are not judged
         if "relations" in self.active and optimizer is not None and not gradients_later and \
                 not isinstance(_real(optimizer), torch.optim.LBFGS):
-            rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups
-                     for p in g["params"]}
+            rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups for p in g["params"]}
             self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates)
         if not any(c in self.active for c in PARAM_COLLECTIONS):
             return
@@ -261,7 +261,7 @@ def optimizer_state(optimizers) -> dict[str, float]:
     """Learning rate and momentum of each param group: `lr`, `lr.1` for the second group, `momentum`, `beta1`."""
     out = {}
     for o, optimizer in enumerate(optimizers or ()):
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer wraps the real one
+        optimizer = _real(optimizer)
         for g, group in enumerate(getattr(optimizer, "param_groups", ())):
             suffix = "" if (o, g) == (0, 0) else (f".{g}" if o == 0 else f".{o}.{g}")
             for key in ("lr", "momentum", "weight_decay"):
