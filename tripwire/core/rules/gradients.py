@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..firststep import task_of
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, held, of_roles, values_at
@@ -77,9 +78,10 @@ class ExplodingGradient(Rule):
     condition = ("the L2 norm of the first layer's trainable kernel gradients is more than `ratio_threshold` times "
                  "the last layer's (layers in the model's order; a layer's kernels taken together, so a recurrent "
                  "layer's input and recurrent kernels are one layer), or some kernel gradient's L2 norm exceeds "
-                 "`max_norm` times the first training loss where that is above 1 (a gradient is the loss's "
-                 "derivative: a regression on targets in the hundreds starts at a loss of 10^4 and trains with "
-                 "gradient norms in the thousands)")
+                 "`max_norm`, for a regression times its first training loss where that is above 1 (the loss's "
+                 "scale is the targets' units: a regression on targets in the hundreds starts at a loss of 10^4 "
+                 "and trains with gradient norms in the thousands; a classifier's loss starts near ln C, and a "
+                 "large one is the bad initialisation this rule is for)")
     hint = ("Gradients grow as they flow back through the layers, so early layers take huge steps. Likely causes: "
             "weights initialised too large, no normalisation, a deep stack without residual connections, a "
             "learning rate too high. Try: gradient clipping (gradient_clip_val / clipnorm), He or Glorot "
@@ -100,7 +102,8 @@ class ExplodingGradient(Rule):
         large = {n: v for n, v in norms.items() if v > bound}
         if large:
             name = max(large, key=large.get)
-            scaled = f" (max_norm {self.max_norm:g} times the first training loss)" if bound > self.max_norm else ""
+            scaled = f" (max_norm {self.max_norm:g} times the first training loss of this regression)" \
+                if bound > self.max_norm else ""
             found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {bound:.3g}{scaled}.",
                                    finding="norm", gradients=large, max_norm=bound))
         layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}
@@ -114,7 +117,10 @@ class ExplodingGradient(Rule):
         return found or None
 
     def _loss_scale(self, run, step: int) -> float:
-        """|the first training loss| of this worker, where the run holds one by this step; 0 otherwise."""
+        """|the first training loss| of this worker, for a regression (the first step's losses say so) where the
+        run holds one by this step; 0 otherwise."""
+        if task_of(run.first_step) != "regression":
+            return 0.0
         worker = run.default_worker
         if worker not in self._first_loss and "losses/train" in run.tensor_names("losses"):
             steps, values = run.tensor("losses/train").series("value")
