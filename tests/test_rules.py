@@ -396,3 +396,32 @@ def test_every_rule_documents_itself():
 
     for name, cls in builtin_rules().items():
         assert cls.__doc__ and cls.condition and cls.hint and cls.source, name
+
+
+@pytest.mark.parametrize("factor, fires", [(lambda step: (100 - step) // 100, 1),  # integer division: 0 from step 1
+                                           (lambda step: min(1, step // 20), 4),  # a warmup stuck at 0: at step 4
+                                           (lambda step: min(1.0, step / 20), None),  # a warmup from 0
+                                           (lambda step: 1 - step / 100, None)],  # the decay meant
+                         ids=["integer_division", "warmup_integer_division", "warmup", "linear_decay"])
+def test_a_learning_rate_of_0_after_the_start_is_an_error(tmp_path, factor, fires):
+    """A LambdaLR factor written with integer division gives lr 0 from step 1 (a decay) or for its whole warmup:
+    the run trains on, changing nothing. A warmup starts at 0 and rises; a decay reaches 0 at the end: neither is
+    judged. `fires`: the step of the error."""
+    from tripwire.plugins.torch import TripwireProbe
+
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    with TripwireProbe(net, optimizer, {"rules": [{"rule": "learning_rate"}]}, out_dir=tmp_path / "run") as probe:
+        for step in range(60):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x[32 * step % 1280:][:32]), y[32 * step % 1280:][:32])
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            probe.step(loss)
+    found = [(v.finding, v.step, v.severity) for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    assert found == ([("zero", fires, "error")] if fires is not None else [])

@@ -491,7 +491,7 @@ CASES: list[Case] = [
     Case("keras", "model_frozen", model_frozen, fault="model.trainable = False before compile",
          catch=("untrained_parameters",), tags=SILENT),
     Case("keras", "lr_zero_schedule", lr_zero_schedule, fault="schedule gives lr 0 (integer division)",
-         catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"),
+         catch=("learning_rate", "unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"),
          cause=("unchanged_tensor", "weight_update_ratio", "learning_rate"), tags=SILENT),
     Case("keras", "shuffled_labels", shuffled_labels, fault="labels shuffled apart from inputs",
          catch=("loss_not_decreasing", "overfit")),

@@ -815,7 +815,7 @@ CASES: list[Case] = [
     Case("torch", "shuffled_labels", shuffled_labels, fault="labels shuffled against inputs",
          catch=("loss_not_decreasing", "overfit")),
     Case("torch", "lr_zero_schedule", lr_zero_schedule, fault="LambdaLR factor 0 after step 0 (integer division)",
-         catch=("unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1,
+         catch=("learning_rate", "unchanged_tensor", "weight_update_ratio", "loss_not_decreasing"), onset=1,
          cause=("unchanged_tensor", "weight_update_ratio", "learning_rate"), tags=SILENT),
     Case("torch", "sigmoid_regression", sigmoid_regression, fault="sigmoid output for targets from -2 to 3",
          catch=("loss_setup",)),

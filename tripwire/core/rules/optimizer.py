@@ -24,6 +24,11 @@ COMMON_RATES = {
     "lion": (1e-7, 1e-3), "lamb": (1e-5, 1e-2), "adafactor": (1e-5, 1e-2), "lbfgs": (1e-3, 1.0),
 }
 
+ZERO_HINT = ("The learning-rate schedule gives 0 from the start of training. Likely causes: integer division in a "
+             "LambdaLR factor or a Keras schedule (step // total is 0 until the end), a decay counted in steps where "
+             "epochs were meant (or the reverse), a schedule stepped before the optimizer. Try: print the schedule's "
+             "first values; use float division (step / total).")
+
 # Optimizers whose one step is a search over several evaluations of the loss (quasi-Newton, with its own step size):
 # a step may move the weights by their own size, and once converged not at all; neither says anything of a rate.
 SEARCHING = {"lbfgs"}
@@ -54,7 +59,10 @@ class LearningRate(Rule):
                  "left out) by more than `max_ratio` times their norm (too high; not for an optimizer that searches "
                  "within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
-                 "the steps changed the kernels by less than `min_ratio` of their norm (median; too low)")
+                 "the steps changed the kernels by less than `min_ratio` of their norm (median; too low); or the "
+                 "rate is 0 after earlier steps trained (a rate above 0, or kernels moved), or at every one of the "
+                 "first `steps` with no kernel moved (error: a schedule that gives 0; a warmup rises from 0 within "
+                 "them, a decay reaches it at the end)")
     hint = ("The learning rate is too high: each step throws the weights far from where they were, so they grow, "
             "units die and values overflow. Try: a learning rate 10 to 100 times lower, a warmup, gradient "
             "clipping. Too low: the weights hardly move and nothing learns; raise it into the optimizer's usual "
@@ -84,6 +92,15 @@ class LearningRate(Rule):
         middle = sorted(ratios.values())[len(ratios) // 2] if ratios else None
         seen = self._seen.setdefault(run.default_worker, [])
         seen.append((rate, middle))
+        # trained before: a rate above 0 or an update that moved the kernels (a loop that steps its schedule before
+        # the sample is taken records the next step's rate)
+        started = max((r for r, _ in seen[:-1] if r), default=None)
+        if rate == 0 and (started or any(m for _, m in seen[:-1])):
+            self._done.add(run.default_worker)
+            at = f" at {started:g}" if started else ""
+            return self.fire(step, f"the learning rate is 0 at step {step}, after the first steps trained{at}: every "
+                                   "step from here on changes nothing.", severity="error", finding="zero",
+                             hint=ZERO_HINT, rate=rate, started=started)
         over = [r for r in ratios.values() if r > self.max_ratio]
         rewrites = len(ratios) >= 1 and len(over) >= self.share * len(ratios)
         far = rate is not None and usual is not None and rate > self.far * usual[1]
@@ -104,6 +121,10 @@ class LearningRate(Rule):
             return None
         self._done.add(run.default_worker)
         judged = [m for _, m in seen if m is not None]
+        if all(r == 0 for r, _ in seen) and not any(judged):  # 0 at every one of the first steps, nothing moved
+            return self.fire(step, f"the learning rate has been 0 at each of the first {len(seen)} steps, and no "
+                                   "step moved the kernels: a warmup would have risen by now.", severity="error",
+                             finding="zero", hint=ZERO_HINT, rate=0.0, started=None)
         first_rate = seen[0][0]
         if rate is None or usual is None or not rate or rate >= usual[0] or not judged or \
                 (first_rate is not None and rate > first_rate) or max(judged) >= self.min_ratio:
