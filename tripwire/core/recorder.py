@@ -307,13 +307,16 @@ class Recorder:
             self.history.first_steps[self.worker] = facts
         self.writer.put_object(first_step_name(self.worker), sealed_json(facts.to_dict()))
 
-    def check_loss(self, step: int, loss: float | None) -> Decision | None:
+    def check_loss(self, step: int, loss: float | None, origin: dict | None = None) -> Decision | None:
         """The training loss of a step that is not sampled, already on the host: a NaN or Inf is recorded at once,
         as a sample of its own, so that the rules (exploding_tensor) judge it at the step it appeared rather than
         at the next sampled step. One such sample per run: what follows the first NaN is NaN too. None where the
-        loss is finite (the cost of an unsampled step: one comparison)."""
+        loss is finite (the cost of an unsampled step: one comparison). origin: where the plugin found the NaN
+        began ({`origin/<module>`: facts}), recorded with it."""
         value = self._first_nonfinite(loss)
-        return None if value is None else self.record(step, "train", {"losses/train": {"value": value}})
+        if value is None:
+            return None
+        return self.record(step, "train", {"losses/train": {"value": value}, **(origin or {})})
 
     def check_relation(self, step: int, relation: str, broken: int) -> Decision | None:
         """A relation (tripwire.core.rules.relations) a plugin saw broken at a step that is not sampled, where it

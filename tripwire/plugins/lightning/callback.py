@@ -33,6 +33,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
+from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
@@ -101,7 +102,8 @@ class TripwireCallback(*_callback_bases()):
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
-        self._loss = None  # the loss the optimizer's closure returned at this step, until judged
+        self._seek_origin = False  # where a NaN began is looked for (the config captures losses; until a NaN)
+        self._origin = None  # (step, {origin/<module>: facts}) found before that step's update
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
@@ -159,6 +161,7 @@ class TripwireCallback(*_callback_bases()):
         # a step's closure returns the step's loss where a step is one batch: with gradient accumulation it is the
         # last micro-batch's alone (the sampled steps record the mean of them all), with manual optimisation
         # whatever the user's closure returns
+        self._seek_origin = "losses" in self._plan
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
@@ -263,27 +266,30 @@ class TripwireCallback(*_callback_bases()):
             if self._wake_at is not None and trainer.global_step + 1 >= self._wake_at:
                 self._wake_at = None
                 self.__dict__.pop("on_train_batch_start", None)
-            if self._loss is not None:
-                found, self._loss = self._loss_watch.see(trainer.global_step, self._loss), None
-                if found is not None:  # a NaN loss between samples: recorded when this batch ends
-                    self._nonfinite = found
-                    self.__dict__.pop("on_train_batch_end", None)
-                if len(self._loss_watch.kept) >= KEPT_LOSSES:
-                    self._store_losses()
+            if len(self._loss_watch.kept) >= KEPT_LOSSES:
+                self._store_losses()
 
         def before_optimizer_step(optimizer, args, kwargs):
-            """Wrap the closure Lightning hands the optimizer (the training step), to keep the loss it returns:
-            a reference, read in `after_optimizer_step`. One process only: acting there on one rank's loss would
-            leave the others out of the collective decision."""
+            """Wrap the closure Lightning hands the optimizer (the training step), to judge the loss it returns
+            before the optimizer applies the step (`_judge_loss`). One process only: acting on one rank's loss
+            would leave the others out of the collective decision, and a replay would wait in DDP's all-reduce."""
             if self._capture is not None:
                 self._capture.stepped(optimizer)  # the step runs: a GradScaler did not skip it
             closure = step_closure(args, kwargs)
-            if self._sampled or not callable(closure) or trainer.world_size > 1:
+            if (self._sampled and not self._seek_origin) or not callable(closure) or trainer.world_size > 1:
                 return None
+            step, sampled, first = trainer.global_step, self._sampled, [True]
 
             def kept():
-                self._loss = closure()
-                return self._loss
+                loss = closure()
+                if first[0]:  # an optimizer that calls its closure again (LBFGS) searches: its first loss counts
+                    first[0] = False
+                    try:
+                        self._judge_loss(trainer.lightning_module, closure, step, loss, sampled)
+                    except Exception as exc:  # noqa: BLE001 - a look at the loss must never stop the training
+                        log.warning("tripwire: could not judge step %s's loss: %s: %s", step, type(exc).__name__,
+                                    exc)
+                return loss
 
             return (args, {**kwargs, "closure": kept}) if "closure" in kwargs else \
                 ((args[0], kept, *args[2:]), kwargs)
@@ -293,6 +299,31 @@ class TripwireCallback(*_callback_bases()):
         if self._capture is not None:
             self._capture.watching_steps = True
 
+    def _judge_loss(self, pl_module, closure, step: int, loss, sampled: bool) -> None:
+        """A step's loss, before the optimizer applies the step: between samples judged for NaN/Inf (LossWatch:
+        at once on the CPU, a later step on an accelerator) and kept; a non-finite one is recorded when the batch
+        ends. Where it is known non-finite at once, the step's forward runs again from the state it ran in, to
+        find the module where the NaN began (tripwire.plugins.torch.origin); a sampled step records its loss
+        itself, and is only looked at for that."""
+        if not sampled:
+            found = self._loss_watch.see(step, loss)
+            if found is not None:
+                self._nonfinite = found
+                self.__dict__.pop("on_train_batch_end", None)
+            nonfinite = found is not None and found[0] == step
+        else:
+            nonfinite = finite_on_host(loss) is False
+        if nonfinite and self._seek_origin:
+            self._seek_origin = False
+            self._origin = (step, find_origin(pl_module, closure, computes_loss=True))
+
+    def _origin_at(self, step: int) -> dict:
+        """{`origin/<module>`: facts} found for this step's NaN, once; {} where none was."""
+        if self._origin is None or self._origin[0] != step:
+            return {}
+        (_, found), self._origin = self._origin, None
+        return found
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self._capture is not None:
             self._capture.before_optimizer_step(optimizer)
@@ -301,7 +332,8 @@ class TripwireCallback(*_callback_bases()):
         if self._nonfinite is not None:  # woken between samples by a NaN loss
             (step, loss), self._nonfinite = self._nonfinite, None
             self._listen(self._sampled)
-            self._decide(trainer, self._recorder.check_loss(step, loss) if self._recorder else None, step)
+            self._decide(trainer, self._recorder.check_loss(step, loss, self._origin_at(step)) if self._recorder
+                         else None, step)
             if not self._sampled:
                 return
         stepped = trainer.global_step != self._batch_step  # else accumulating: a later micro-batch ends the step
@@ -332,7 +364,7 @@ class TripwireCallback(*_callback_bases()):
             losses, self._losses = self._losses, []
             loss = sum(losses) / len(losses) if losses else None
             values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), scalars)
-            decision = self._recorder.record(step, "train", values, tensors, loss=loss)
+            decision = self._recorder.record(step, "train", {**values, **self._origin_at(step)}, tensors, loss=loss)
         self._decide(trainer, decision, trainer.global_step - 1)
 
     def save_tensor(self, name: str, tensor) -> None:

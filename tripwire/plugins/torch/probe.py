@@ -54,6 +54,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from .capture import TorchCapture, step_closure
 from .firststep import LossSpy
 from .losswatch import LossWatch
+from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
 from .relations import MODE_DEPENDENT, eval_mode_modules
 from .replicas import Replicas
@@ -98,7 +99,13 @@ class TripwireProbe:
         # training in eval mode matters where a module computes differently in it; said once is enough
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
         self._sampled = False
-        self._hooks = [model.register_forward_pre_hook(self._on_forward)]
+        # where a NaN begins, while none has been seen: the step's last training forward (arguments and output,
+        # references), judged before the optimizer's update (`_look_for_origin`)
+        self._forward = None
+        self._origin = None  # (step, {origin/<path>: facts}) found before the update of that step
+        self._seek_origin = "losses" in self._recorder.plan.collections
+        self._hooks = [model.register_forward_pre_hook(self._on_forward),
+                       model.register_forward_hook(self._after_forward, with_kwargs=True)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
         self._hooks += [o.register_step_post_hook(self._after_optimizer_step) for o in self.optimizers]
         self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
@@ -125,7 +132,8 @@ class TripwireProbe:
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
-            decision = self._recorder.check_loss(*found) if found is not None else None
+            origin = self._origin_of(step, found is not None)
+            decision = self._recorder.check_loss(*found, origin=origin) if found is not None else None
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
             if decision is not None:
@@ -145,7 +153,8 @@ class TripwireProbe:
             if differ is not None:
                 scalars["relations/replicas_differ"] = differ
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
-        decision = self._recorder.record(step, "train", values, tensors, loss=_mean(loss))
+        origin = self._origin_of(step, _nonfinite(loss))
+        decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
         self._act(decision.merge(self._recorder.poll()), sampled=True)
 
     def log_eval(self, metrics: dict) -> None:
@@ -193,12 +202,44 @@ class TripwireProbe:
         if self._sampled and args:
             self._capture.take_inputs(args[0])
 
+    def _after_forward(self, module, args, kwargs, output) -> None:
+        if self._seek_origin and module.training:
+            self._forward = (args, kwargs, output, None)
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._stepping, self._in_step = True, optimizer
         self._end_look()
         self._capture.stepped(optimizer)
+        closure = step_closure(args, kwargs) is not None
         if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
-            self._capture.before_optimizer_step(optimizer, gradients_later=step_closure(args, kwargs) is not None)
+            self._capture.before_optimizer_step(optimizer, gradients_later=closure)
+        if self._forward is not None and self._forward[3] is None and not closure:
+            self._look_for_origin()
+
+    def _look_for_origin(self) -> None:
+        """Before the update: whether the step's model output is finite (read at once on the CPU, about the cost of
+        a loss read; not judged on an accelerator, where reading would wait for it). Where it is not, the forward
+        runs again, from the state it ran in, to find the module where the NaN began (tripwire...origin)."""
+        args, kwargs, output, _ = self._forward
+        finite = finite_on_host(output)
+        self._forward = (args, kwargs, output, finite)
+        if finite is None:  # on an accelerator, or nothing to judge: not sought again
+            self._seek_origin = False
+        elif finite is False:
+            self._seek_origin = False
+            self._origin = (self.global_step, find_origin(self.model, lambda: self.model(*args, **kwargs)))
+
+    def _origin_of(self, step: int, nonfinite_loss: bool) -> dict:
+        """Where this step's NaN began: the module the replay found before the update, or, for a non-finite loss,
+        the loss itself where the model's output was seen finite. {} otherwise. Lets go of the step's forward."""
+        forward, self._forward = self._forward, None
+        if self._origin is not None:
+            (at, found), self._origin = self._origin, None
+            return found if at == step else {}
+        if not nonfinite_loss or forward is None or forward[3] is not True:
+            return {}
+        self._seek_origin = False
+        return loss_origin(forward[2])
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_step = None
@@ -266,6 +307,14 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
+
+
+def _nonfinite(loss) -> bool:
+    """Whether a loss holds NaN/Inf (read on the host: called once a step's output is known finite, on the CPU)."""
+    try:
+        return not bool(torch.isfinite(torch.as_tensor(loss)).all())
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _mean(loss):
