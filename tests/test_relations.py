@@ -104,10 +104,46 @@ def test_zero_grad_between_backward_and_step_is_an_error_at_step_0(tmp_path):
     assert "6 parameter(s)" in verdict.message and "between loss.backward() and optimizer.step()" in verdict.hint
 
 
-def test_a_step_that_stops_updating_is_an_error_at_the_next_sample(tmp_path):
+def test_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path):
     run, _ = loop(tmp_path / "run", optimizer=lambda parameters: StopsUpdating(parameters, working=15))
-    assert findings(run) == [("step_changed_nothing", 20, "error")]  # the first no-op step is 15; sampled: 20
-    assert run.tensor("relations/step_changed_nothing").series("value")[1].tolist()[:3] == [0, 0, 0]
+    # the first no-op step is 15, unsampled (every 10): told at its second in a row, not at the next sample (20)
+    assert findings(run) == [("step_changed_nothing", 16, "error")]
+    steps, values = run.tensor("relations/step_changed_nothing").series("value")
+    assert steps.tolist()[:4] == [0, 1, 2, 10] and values.tolist()[:4] == [0, 0, 0, 0]
+
+
+def test_a_step_that_stops_updating_at_a_sample_is_an_error_there(tmp_path):
+    run, _ = loop(tmp_path / "run", optimizer=lambda parameters: StopsUpdating(parameters, working=20))
+    assert findings(run) == [("step_changed_nothing", 20, "error")]  # sampled: judged by the sample itself
+
+
+class ComputesButStopsUpdating(torch.optim.SGD):
+    """SGD whose step, after `working` steps, evaluates the closure (Lightning's training step) and applies
+    nothing: a wrapped or compiled step that lost its write-back."""
+
+    def __init__(self, params, working):
+        super().__init__(params, lr=0.1)
+        self.working, self.calls = working, 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        if self.calls <= self.working:
+            return super().step(closure)
+        with torch.enable_grad():
+            return closure() if closure is not None else None
+
+
+@pytest.mark.parametrize("working", [None, 15])
+def test_lightning_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path, working):
+    module = helpers.mlp_module()
+    module.configure_optimizers = lambda: ComputesButStopsUpdating(module.parameters(), working or 10 ** 9)
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, module, max_epochs=2)
+    run = tripwire.open_run(callback.run_url)
+    if working is None:
+        assert trainer.callback_metrics["val_loss"] < 0.8 and findings(run) == []  # it learns (from ln 10)
+    else:  # sampled every 10: the first no-op step, 15, and the next, 16, are not
+        assert findings(run) == [("step_changed_nothing", 16, "error")]
 
 
 def lr_0_for_the_output_layer(parameters) -> list:

@@ -35,6 +35,7 @@ from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
+from tripwire.plugins.torch.relations import UpdateWatch
 from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
 
@@ -105,6 +106,8 @@ class TripwireCallback(*_callback_bases()):
         self._seek_origin = False  # where a NaN began is looked for (the config captures losses; until a NaN)
         self._origin = None  # (step, {origin/<module>: facts}) found before that step's update
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
+        self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
+        self._broken = None  # (step, relation) it told, to record at the batch's end
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
         self._verdicts: list = []
@@ -162,6 +165,7 @@ class TripwireCallback(*_callback_bases()):
         # last micro-batch's alone (the sampled steps record the mean of them all), with manual optimisation
         # whatever the user's closure returns
         self._seek_origin = "losses" in self._plan
+        self._updates = UpdateWatch() if "relations" in self._plan else None
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
@@ -268,6 +272,9 @@ class TripwireCallback(*_callback_bases()):
                 self.__dict__.pop("on_train_batch_start", None)
             if len(self._loss_watch.kept) >= KEPT_LOSSES:
                 self._store_losses()
+            if self._updates is not None and not self._sampled and self._updates.after(optimizer):
+                self._broken = (trainer.global_step, "step_changed_nothing")  # recorded when this batch ends
+                self.__dict__.pop("on_train_batch_end", None)
 
         def before_optimizer_step(optimizer, args, kwargs):
             """Wrap the closure Lightning hands the optimizer (the training step), to judge the loss it returns
@@ -276,7 +283,14 @@ class TripwireCallback(*_callback_bases()):
             if self._capture is not None:
                 self._capture.stepped(optimizer)  # the step runs: a GradScaler did not skip it
             closure = step_closure(args, kwargs)
-            if (self._sampled and not self._seek_origin) or not callable(closure) or trainer.world_size > 1:
+            if trainer.world_size > 1:
+                return None
+            watched = self._updates is not None and not self._sampled
+            if not callable(closure):  # manual optimisation: the gradients are there already
+                if watched:
+                    self._updates.before(optimizer)
+                return None
+            if self._sampled and not self._seek_origin:
                 return None
             step, sampled, first = trainer.global_step, self._sampled, [True]
 
@@ -286,6 +300,8 @@ class TripwireCallback(*_callback_bases()):
                     first[0] = False
                     try:
                         self._judge_loss(trainer.lightning_module, closure, step, loss, sampled)
+                        if watched:
+                            self._updates.before(optimizer)
                     except Exception as exc:  # noqa: BLE001 - a look at the loss must never stop the training
                         log.warning("tripwire: could not judge step %s's loss: %s: %s", step, type(exc).__name__,
                                     exc)
@@ -329,13 +345,18 @@ class TripwireCallback(*_callback_bases()):
             self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._broken is not None:  # woken between samples by a step that changed nothing
+            (step, relation), self._broken = self._broken, None
+            self._listen(self._sampled)
+            self._decide(trainer, self._recorder.check_relation(step, relation, 1) if self._recorder else None,
+                         step)
         if self._nonfinite is not None:  # woken between samples by a NaN loss
             (step, loss), self._nonfinite = self._nonfinite, None
             self._listen(self._sampled)
             self._decide(trainer, self._recorder.check_loss(step, loss, self._origin_at(step)) if self._recorder
                          else None, step)
-            if not self._sampled:
-                return
+        if not self._sampled:
+            return
         stepped = trainer.global_step != self._batch_step  # else accumulating: a later micro-batch ends the step
         decision = None
         if self._capture is not None:

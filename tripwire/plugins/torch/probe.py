@@ -56,7 +56,7 @@ from .firststep import LossSpy
 from .losswatch import LossWatch
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
-from .relations import MODE_DEPENDENT, eval_mode_modules
+from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules
 from .replicas import Replicas
 from .structure import describe
 
@@ -104,6 +104,9 @@ class TripwireProbe:
         self._forward = None
         self._origin = None  # (step, {origin/<path>: facts}) found before the update of that step
         self._seek_origin = "losses" in self._recorder.plan.collections
+        # between samples, a step that stopped updating, told within a step (UpdateWatch), acted on at step()
+        self._updates = UpdateWatch() if "relations" in self._recorder.plan.collections else None
+        self._told = None  # the decision on such a step, until step() acts on it
         self._hooks = [model.register_forward_pre_hook(self._on_forward),
                        model.register_forward_hook(self._after_forward, with_kwargs=True)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
@@ -134,6 +137,8 @@ class TripwireProbe:
             found = self._losses.see(step, loss)
             origin = self._origin_of(step, found is not None)
             decision = self._recorder.check_loss(*found, origin=origin) if found is not None else None
+            if self._told is not None:
+                decision, self._told = self._told if decision is None else decision.merge(self._told), None
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
             if decision is not None:
@@ -215,6 +220,8 @@ class TripwireProbe:
             self._capture.before_optimizer_step(optimizer, gradients_later=closure)
         if self._forward is not None and self._forward[3] is None and not closure:
             self._look_for_origin()
+        if self._updates is not None and not self._sampled and not closure:
+            self._updates.before(optimizer)
 
     def _look_for_origin(self) -> None:
         """Before the update: whether the step's model output is finite (read at once on the CPU, about the cost of
@@ -243,6 +250,10 @@ class TripwireProbe:
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_step = None
+        if self._updates is not None and not self._sampled and self._updates.after(optimizer):
+            told = self._recorder.check_relation(self.global_step, "step_changed_nothing", 1)
+            if told is not None:
+                self._told = told if self._told is None else self._told.merge(told)
 
     def _begin(self) -> None:
         self._begun = True

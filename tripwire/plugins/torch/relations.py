@@ -115,6 +115,75 @@ class StepEffect:
         return counts
 
 
+class UpdateWatch:
+    """Between samples, whether each optimizer step changed what it applied a gradient to: so that a step that
+    stops updating in the middle of a run (an overridden or wrapped step that returns early, a compiled step that
+    never writes back) is told within a step of its first effect, not at the next sampled step.
+
+    One witness per optimizer: its smallest parameter with a gradient, a learning rate above 0 and a place on the
+    CPU, copied just before the update and compared just after it (four operations on a bias-sized tensor; on an
+    accelerator the read would wait for the device, so the sampled steps alone judge it). A step that left it
+    unchanged although its gradient was not zero, and although an update of `lr x largest |gradient|` would have
+    shown in its dtype (late in a schedule, or in bf16, an update can round away), is broken; two steps in a row
+    are told, once per run. LBFGS is not judged: a converged search step changes nothing by design."""
+
+    IN_A_ROW = 2
+
+    def __init__(self):
+        self._candidates: dict = {}  # id(optimizer) -> (parameter count, [(parameter, its group)] smallest first)
+        self._copies: dict = {}  # id(optimizer) -> (parameter, copy before the update, gradient, learning rate)
+        self._broken: dict = {}  # id(optimizer) -> steps in a row that changed nothing
+        self.told = False
+
+    def before(self, optimizer) -> None:
+        """Just before `optimizer` applies its update (its gradients computed): copy its witness."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer
+        self._copies.pop(id(optimizer), None)
+        if self.told or isinstance(optimizer, torch.optim.LBFGS):
+            return
+        for param, group in self._candidates_of(optimizer):
+            grad = param.grad
+            if grad is None or grad.layout != torch.strided or param.device.type != "cpu":
+                continue
+            rate = group.get("lr")
+            if not _positive(rate):
+                continue
+            self._copies[id(optimizer)] = (param, param.detach().clone(), grad, float(rate))
+            return
+
+    def after(self, optimizer) -> bool:
+        """Just after `optimizer`'s update: True the first time it changed nothing IN_A_ROW steps in a row."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        copied = self._copies.pop(id(optimizer), None)
+        if copied is None:
+            return False
+        param, before, grad, rate = copied
+        if bool((param.detach() != before).any()) or not bool(grad.any()) or not _would_show(before, grad, rate):
+            self._broken[id(optimizer)] = 0
+            return False
+        self._broken[id(optimizer)] = self._broken.get(id(optimizer), 0) + 1
+        self.told = self._broken[id(optimizer)] >= self.IN_A_ROW
+        return self.told
+
+    def _candidates_of(self, optimizer) -> list:
+        count = sum(len(group["params"]) for group in optimizer.param_groups)
+        known = self._candidates.get(id(optimizer))
+        if known is None or known[0] != count:  # built once, again where a group was added
+            held = [(p, group) for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+            known = self._candidates[id(optimizer)] = (count, sorted(held, key=lambda pg: pg[0].numel()))
+        return known[1]
+
+
+def _would_show(before: torch.Tensor, grad: torch.Tensor, rate: float) -> bool:
+    """Whether an update of `rate x largest |gradient|` is far above the rounding of the parameter's largest value
+    in its dtype (16 units in the last place): a step that left it unchanged then did not apply it. Only read for
+    a step that changed nothing."""
+    if not before.is_floating_point():
+        return False
+    eps = torch.finfo(before.dtype).eps
+    return rate * float(grad.detach().abs().max()) > 16 * eps * float(before.abs().max())
+
+
 def _all_zero(grad: torch.Tensor):
     """A device flag: the gradient is all zero; False (it has one) for a sparse or meta gradient, not judged."""
     if grad.layout != torch.strided or grad.is_meta:
