@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from transformers import Trainer
 
 import tripwire
@@ -121,6 +122,8 @@ def test_a_nan_loss_stops_training_at_the_step_it_appears_and_the_trainer_checkp
     trainer = fit(cb, tmp_path, train=Stream(xt, yt), val=Rows(xv, yv), max_steps=12, logging_steps=1)
     verdict = fired(cb.run_url)["exploding_tensor"]
     assert verdict.step == 7 and trainer.state.global_step == 8
+    # the step's forward replayed before the update: every module's output finite, the mean over no label is not
+    assert "It began in the loss: the model's output was finite" in verdict.message
     run = tripwire.open_run(cb.run_url)
     assert run.info["status"] == "stopped" and run.steps()[-1] == 7
     assert np.isnan(run.tensor("losses/train").reduction(7))
@@ -128,6 +131,28 @@ def test_a_nan_loss_stops_training_at_the_step_it_appears_and_the_trainer_checkp
     state = json.loads((tmp_path / "out" / "checkpoint-8" / "trainer_state.json").read_text())
     assert state["global_step"] == 8 and state["stateful_callbacks"]["TripwireCallback"]["attributes"] == \
         {"run_url": cb.run_url}
+
+
+class StopsUpdating(torch.optim.AdamW):
+    """AdamW whose step does nothing after `working` steps."""
+
+    def __init__(self, params, working):
+        super().__init__(params, lr=3e-3)
+        self.working, self.calls = working, 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure) if self.calls <= self.working else None
+
+
+def test_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path):
+    (xt, yt), (xv, yv) = data.token_presence()
+    model, cb = tiny_bert(), TripwireCallback()
+    Trainer(model=model, args=arguments(str(tmp_path / "out"), max_steps=30), train_dataset=Rows(xt, yt),
+            eval_dataset=Rows(xv, yv), callbacks=[cb], optimizers=(StopsUpdating(model.parameters(), 15), None)).train()
+    # the default config samples steps 0-9 and every 100th: the first no-op step, 15, and the next are not sampled
+    verdict = fired(cb.run_url)["training_relations"]
+    assert (verdict.finding, verdict.step, verdict.severity) == ("step_changed_nothing", 16, "error")
 
 
 def test_a_learning_rate_far_too_high_is_named_and_stop_and_checkpoint_act_on_it(tmp_path):

@@ -36,17 +36,18 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
     """{`origin/<path>`: facts} of the first module, in the order their forward passes end, whose output holds
     NaN/Inf, running `forward()` (the step's forward again) once; {} where the replay found none or failed.
 
-    computes_loss: `forward` computes the loss too (Lightning's training step), which was not finite: where every
-    module's output was, the loss computation is where it began (`origin/loss`, with the largest |value| of the
-    output of the last of the model's parts with parameters to run)."""
+    computes_loss: `forward` computes the loss too (Lightning's training step, a Transformers model given its labels),
+    which was not finite: where every module's output was (the model's own aside), the loss computation is where it
+    began (`origin/loss`, with the largest |value| of the output of the last of the model's parts with parameters
+    to run)."""
     names = {module: path for path, module in model.named_modules()}
     parts = {module for _, module in model.named_children() if next(module.parameters(), None) is not None}
     found: dict = {}
     last = []  # the output of the last part to run
 
     def seen(module, args, kwargs, output):
-        if found:
-            return
+        if found or (computes_loss and module is model):  # a model that computes its loss (Transformers'): where
+            return  # its parts' outputs were finite, the loss is where it began
         if module in parts:
             last[:] = [output]
         bad = nonfinite_count(output)
@@ -133,16 +134,19 @@ class _KeptState:
                         for m in model.modules() if metric is not None and isinstance(m, metric)]
 
     def restore(self) -> None:
+        """Puts back what the replay changed, and only that: writing into a tensor the step's backward still needs
+        (a position-ids buffer, where the replay runs before the backward pass) would break that backward."""
         with torch.no_grad():
             for buffer, value in self.buffers:
-                buffer.copy_(value)
+                if not torch.equal(buffer, value):
+                    buffer.copy_(value)
             for param, grad in self.grads:
                 if grad is None:
                     param.grad = None
-                elif param.grad is not None:
-                    param.grad.copy_(grad)
-                else:
+                elif param.grad is None:
                     param.grad = grad
+                elif not torch.equal(param.grad, grad):
+                    param.grad.copy_(grad)
         for metric, attributes, states in self.metrics:
             metric.__dict__.update(attributes)
             for name, value in states.items():

@@ -37,6 +37,8 @@ from tripwire.core.sinks import WriterSink, siblings
 from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import LossWatch
+from tripwire.plugins.torch.origin import find_origin
+from tripwire.plugins.torch.relations import UpdateWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
 
@@ -91,6 +93,10 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf
         self._watch_loss = False
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record when the step ends
+        self._origin = {}  # {origin/<module>: facts} of that loss, found by replaying its forward
+        self._replaying = False  # the forward hook sees the replay's forward pass: not a step's
+        self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
+        self._broken = False  # it told one this step
         self._looked = False  # the first sampled step's forward pass ran under a LossSpy
         self._said_no_loss = False
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
@@ -124,6 +130,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         if self._recorder is not None:
             self._model = model
             self._watch_loss = self._world == 1
+            self._updates = UpdateWatch() if self._world == 1 and "relations" in self._plan else None
             self._share_scale = self._world if getattr(args, "average_tokens_across_devices", False) else 1
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
@@ -193,7 +200,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
     def _on_forward(self, module, args, kwargs, output) -> None:
         """Every training forward pass of the model: its loss, kept where the step samples the loss, else judged
         for NaN/Inf; labels and inputs on a sampled step. Evaluation's forward passes (eval mode) are no step's."""
-        if not module.training:
+        if not module.training or self._replaying:
             return
         loss = output.get("loss") if isinstance(output, Mapping) else None
         if self._sampled and self._capture.wants("losses"):
@@ -202,9 +209,19 @@ class TripwireCallback(TrainerCallback, ExportableState):
                 self._shares = self._sums and kwargs.get("num_items_in_batch") is not None
         elif self._watch_loss and loss is not None and self._nonfinite is None:
             self._nonfinite = self._loss_watch.see(self._step, loss)
+            if self._nonfinite is not None and self._nonfinite[0] == self._step:  # known before the update
+                self._origin = self._replay(module, args, kwargs)
         if self._sampled:
             self._capture.take("labels", "", kwargs.get("labels"))
             self._capture.take_inputs(kwargs.get(getattr(module, "main_input_name", "input_ids")))
+
+    def _replay(self, model, args, kwargs) -> dict:
+        """Where this step's NaN began: its forward pass again, from the state it ran in (origin.find_origin)."""
+        self._replaying = True
+        try:
+            return find_origin(model, lambda: model(*args, **kwargs), computes_loss=True)
+        finally:
+            self._replaying = False
 
     def _look_at_first_step(self, model, step: int) -> None:
         """Run this step's forward pass, where a Transformers model computes its loss, under a LossSpy, once: what
@@ -220,15 +237,29 @@ class TripwireCallback(TrainerCallback, ExportableState):
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         """Gradients after clipping, and the learning rate of this step: the scheduler steps before on_step_end."""
+        if self._updates is not None and not self._sampled:
+            self._updates.before(optimizer)
         if self._sampled and self._capture is not None:
             self._capture.before_optimizer_step(optimizer)
             if self._capture.wants("optimizer"):
                 self._rates = {f"optimizer/{k}": v for k, v in optimizer_state([optimizer]).items()}
 
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        """After the update: whether a step between samples changed what it applied a gradient to (a step AMP's
+        scaler skipped changed nothing, by design: not judged)."""
+        if self._updates is not None and not self._sampled and not getattr(optimizer, "step_was_skipped", False):
+            self._broken = self._updates.after(optimizer)
+
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
-        if self._nonfinite is not None:  # between samples, one process: no other rank to agree with
+        if self._broken:  # between samples, one process: no other rank to agree with
+            self._broken = False
+            self._decide(args, state, control, self._recorder.check_relation(self._step, "step_changed_nothing", 1)
+                         if self._recorder else None)
+        if self._nonfinite is not None:
             (step, loss), self._nonfinite = self._nonfinite, None
-            self._decide(args, state, control, self._recorder.check_loss(step, loss) if self._recorder else None)
+            origin, self._origin = self._origin, {}
+            self._decide(args, state, control, self._recorder.check_loss(step, loss, origin) if self._recorder
+                         else None)
         if not self._sampled:
             return
         self._sampled = False
