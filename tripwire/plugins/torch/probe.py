@@ -103,7 +103,8 @@ class TripwireProbe:
         # references), judged before the optimizer's update (`_look_for_origin`)
         self._forward = None
         self._origin = None  # (step, {origin/<path>: facts}) found before the update of that step
-        self._seek_origin = "losses" in self._recorder.plan.collections
+        # one process only: a replayed forward of a DDP model would wait in collectives the other ranks never join
+        self._seek_origin = "losses" in self._recorder.plan.collections and not _several_processes()
         # between samples, a step that stopped updating, told within a step (UpdateWatch), acted on at step()
         self._updates = UpdateWatch() if "relations" in self._recorder.plan.collections else None
         self._told = None  # the decision on such a step, until step() acts on it
@@ -318,6 +319,11 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
+
+
+def _several_processes() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _nonfinite(loss) -> bool:
