@@ -95,6 +95,7 @@ CAUSES: dict[str, Cause] = {
     "weight_update_ratio:small": Cause("steps that do not move the weights", _NO_STEP),
     "unchanged_tensor": Cause("layers that do not train", _NO_STEP),
     "feature_importance_overweight": Cause("one feature carries the model (a leak?)", ("overfit",)),
+    "loss_spike": Cause("a loss spike", ("loss_not_decreasing",)),
     "overfit": Cause("overfitting", ("overtraining", "oscillating_loss")),
     "oscillating_loss": Cause("oscillating validation loss", ("overfit",)),
     "loss_not_decreasing": Cause("the loss does not go down", ("overtraining", "class_imbalance", "confusion")),

@@ -98,6 +98,12 @@ class Recorder:
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
         self.sinks: list = []  # the user's loggers that verdicts also go to (core.sinks)
         self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
+        # rules that judge the training loss of every step (loss_spike): fed in step order, here in the training
+        # process wherever the rules are evaluated; what they find is recorded as a sample of its own
+        self._loss_streams = [(spec.id, stream) for spec in self.config.rules
+                              if (stream := spec.create().loss_stream()) is not None]
+        self._held: Decision | None = None  # actions on what they found between the plugin's calls, for poll()
+        self._streaming = False  # recording what one found
         self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -256,6 +262,8 @@ class Recorder:
                 values = {**values, "losses/train": {"value": value}}
             else:
                 self._store_loss(step, mode, loss)
+        elif mode == "train" and "value" in values.get("losses/train", {}) and not self._streaming:
+            self._stream_loss(step, values["losses/train"]["value"])
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         if self._budget is not None and self._budget.left_out:
@@ -285,6 +293,8 @@ class Recorder:
         if self.writer is None or not values:
             return
         self.writer.put(Sample(step, mode, values, row=False))
+        if mode == "train" and "value" in values.get("losses/train", {}):
+            self._stream_loss(step, values["losses/train"]["value"])
         if self._tensorboard is not None:
             self._tensorboard.put(step, mode, values, None)
 
@@ -299,6 +309,24 @@ class Recorder:
             return
         if math.isfinite(value):
             self.scalars(step, mode, {"losses/train": {"value": value}})
+
+    def _stream_loss(self, step: int, value) -> None:
+        """A finite training loss of one step, handed to the rules that judge every step's (loss_spike); what one
+        finds is recorded at this step, with the loss, as `spikes/<rule id>` ({fact: value}), for the rule to
+        judge (as a NaN loss between samples is: a sample of its own)."""
+        for rule_id, stream in self._loss_streams:
+            try:
+                found = stream.see(step, float(value))
+            except (TypeError, ValueError):
+                return
+            if found:
+                self._streaming = True  # the loss recorded with it is not handed over again
+                try:
+                    decision = self.record(step, "train", {"losses/train": {"value": float(value)},
+                                                           f"spikes/{rule_id}": found})
+                finally:
+                    self._streaming = False
+                self._held = decision if self._held is None else self._held.merge(decision)
 
     def first_step(self, facts) -> None:
         """What the plugin saw of the training at its first step (tripwire.core.firststep.FirstStep): stored in the
@@ -340,7 +368,7 @@ class Recorder:
 
     def poll(self) -> Decision:
         """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""
-        decision = Decision()
+        decision, self._held = self._held or Decision(), None
         if not self._inbox:
             if self._watcher is not None:
                 self._watcher.check_spawned()

@@ -127,6 +127,13 @@ class Rule:
         """For `idle` rules: called periodically with the time of the last captured sample."""
         return None
 
+    def loss_stream(self):
+        """For rules that judge the training loss of every step, not only of the sampled ones: an object whose
+        `see(step, value)` the recorder calls with each finite training loss the plugin hands over (in step
+        order), and which returns {fact: value} to record at that step where something is to be judged there,
+        else None. None (the default): the rule reads the sampled steps alone."""
+        return None
+
     def fire(self, step: int, message: str, *, severity: str | None = None, finding: str = "",
              hint: str = "", onset: int | None = None, **evidence) -> Verdict:
         """A fired verdict for this rule; the engine fills in the rule id, mode and worker.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import math
 import os
 import tempfile
 
@@ -32,7 +31,7 @@ from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
-from tripwire.plugins.torch.losswatch import LossWatch
+from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.relations import UpdateWatch
@@ -45,7 +44,6 @@ log = logging.getLogger("tripwire")
 PREDICTION_KEYS = ("predictions", "preds", "logits", "y_hat")
 # Hooks that matter only on a sampled step: switched off (None) on the others, see TripwireCallback.
 SAMPLED_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
-KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before they are read (_store_losses)
 
 
 def _callback_bases() -> tuple:
@@ -170,20 +168,6 @@ class TripwireCallback(*_callback_bases()):
             trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
 
-    def _store_losses(self) -> None:
-        """The losses the training steps between samples returned, as `losses/train` at each step: stored, not
-        judged (Recorder.scalars), so the rules read the sampled steps as before and a NaN is judged as before
-        (check_loss; the non-finite losses are left out here). The loss tensors are kept as references and read
-        here, in one copy per sampled step (or per KEPT_LOSSES steps): an unsampled step never waits for the
-        device."""
-        if not self._loss_watch.kept:
-            return
-        kept = self._loss_watch.drain()
-        if self._recorder is not None:
-            for step, value in kept:
-                if math.isfinite(value):
-                    self._recorder.scalars(step, "train", {"losses/train": {"value": value}})
-
     def on_exception(self, trainer, pl_module, exception):
         # Lightning runs no teardown hooks after an exception: close the run here
         self._close("stopped" if isinstance(exception, RuleFired) else "failed")
@@ -198,7 +182,7 @@ class TripwireCallback(*_callback_bases()):
         self.__dict__.pop("on_train_batch_start", None)
         if self._capture is not None:
             self._capture.close()
-        self._store_losses()
+        self._loss_watch.store(self._recorder)
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)
@@ -271,7 +255,7 @@ class TripwireCallback(*_callback_bases()):
                 self._wake_at = None
                 self.__dict__.pop("on_train_batch_start", None)
             if len(self._loss_watch.kept) >= KEPT_LOSSES:
-                self._store_losses()
+                self._loss_watch.store(self._recorder)
             if self._updates is not None and not self._sampled and self._updates.after(optimizer):
                 self._broken = (trainer.global_step, "step_changed_nothing")  # recorded when this batch ends
                 self.__dict__.pop("on_train_batch_end", None)
@@ -377,7 +361,7 @@ class TripwireCallback(*_callback_bases()):
         if self._replicas is not None and any(c.name == "relations" for c in self._plan.at("train", self._batch_step)):
             differ = self._replicas.differ(trainer.optimizers)  # every rank, recording or not, at the same steps
         if self._capture is not None:
-            self._store_losses()  # the steps' losses since the last sample, before this step's
+            self._loss_watch.store(self._recorder)  # the steps' losses since the last sample, before this step's
             scalars = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
                        if k not in self._eval_keys} if capture.wants("metrics") else {}
             if differ is not None:

@@ -14,6 +14,9 @@ import numpy as np
 import torch
 
 
+KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before they are read (`store`)
+
+
 class LossWatch:
     def __init__(self, keep: bool = False):
         """keep: also keep each step's loss (a reference, no copy), read all at once by `drain()`."""
@@ -31,6 +34,20 @@ class LossWatch:
             return _read(kept)
         except Exception:  # noqa: BLE001 - a loss tripwire cannot read (meta, quantized) must not stop training
             return []
+
+    def store(self, recorder) -> None:
+        """The kept losses of the steps between samples, as `losses/train` at each step: stored and handed to the
+        rules that judge every step's loss (Recorder.scalars), not judged by the others, so that they read the
+        sampled steps as before; a NaN is judged at its step already (see; the non-finite ones are left out
+        here). The tensors are read here, in one copy: called at a sampled step (which waits for the device
+        anyway) or once KEPT_LOSSES are kept, so an unsampled step never waits."""
+        if not self.kept:
+            return
+        kept = self.drain()
+        if recorder is not None:
+            for step, value in kept:
+                if math.isfinite(value):
+                    recorder.scalars(step, "train", {"losses/train": {"value": value}})
 
     def see(self, step: int, loss) -> tuple[int, float] | None:
         """(step, value) of a non-finite loss, as soon as it is known (this step on the CPU, a later one on an

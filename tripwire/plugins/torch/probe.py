@@ -53,7 +53,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 
 from .capture import TorchCapture, step_closure
 from .firststep import LossSpy
-from .losswatch import LossWatch
+from .losswatch import KEPT_LOSSES, LossWatch
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
 from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules
@@ -90,7 +90,8 @@ class TripwireProbe:
         self._recorder.start()
         self.run_url = self._recorder.run_url
         self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
-        self._losses = LossWatch()
+        # the loss of every step between samples: judged for NaN/Inf at once, kept, and stored at the next sample
+        self._losses = LossWatch(keep="losses" in self._recorder.plan.collections)
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
@@ -140,6 +141,8 @@ class TripwireProbe:
             decision = self._recorder.check_loss(*found, origin=origin) if found is not None else None
             if self._told is not None:
                 decision, self._told = self._told if decision is None else decision.merge(self._told), None
+            if len(self._losses.kept) >= KEPT_LOSSES:
+                self._losses.store(self._recorder)
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
             if decision is not None:
@@ -158,6 +161,7 @@ class TripwireProbe:
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:
                 scalars["relations/replicas_differ"] = differ
+        self._losses.store(self._recorder)  # the steps' losses since the last sample, before this step's
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
         origin = self._origin_of(step, _nonfinite(loss))
         decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
@@ -189,6 +193,7 @@ class TripwireProbe:
         self._hooks = []
         self._end_look()
         self._capture.close()
+        self._losses.store(self._recorder)
         self._recorder.finish(state or ("stopped" if self.should_stop else "finished"))
 
     def __enter__(self) -> "TripwireProbe":

@@ -36,7 +36,7 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.sinks import WriterSink, siblings
 from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
 from tripwire.plugins.torch.firststep import look_once
-from tripwire.plugins.torch.losswatch import LossWatch
+from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin
 from tripwire.plugins.torch.relations import UpdateWatch
 from tripwire.plugins.torch.reduce import Reductions
@@ -90,7 +90,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._shares = False  # they are shares of the step's loss (the model was given num_items_in_batch)
         self._sums = False  # the model's loss sums over its items (seen at the first sampled step)
         self._share_scale = 1  # shares of a loss averaged over every rank's tokens: the Trainer's own factor
-        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf
+        self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
         self._watch_loss = False
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record when the step ends
         self._origin = {}  # {origin/<module>: facts} of that loss, found by replaying its forward
@@ -130,6 +130,9 @@ class TripwireCallback(TrainerCallback, ExportableState):
         if self._recorder is not None:
             self._model = model
             self._watch_loss = self._world == 1
+            # every step's loss, kept and stored at the next sample (loss_spike), where a step is one forward pass
+            self._loss_watch.keep = self._watch_loss and "losses" in self._plan and \
+                args.gradient_accumulation_steps == 1
             self._updates = UpdateWatch() if self._world == 1 and "relations" in self._plan else None
             self._share_scale = self._world if getattr(args, "average_tokens_across_devices", False) else 1
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
@@ -175,6 +178,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._hook = None
         if self._capture is not None:
             self._capture.close()
+        self._loss_watch.store(self._recorder)
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)
@@ -261,10 +265,13 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._decide(args, state, control, self._recorder.check_loss(step, loss, origin) if self._recorder
                          else None)
         if not self._sampled:
+            if len(self._loss_watch.kept) >= KEPT_LOSSES:
+                self._loss_watch.store(self._recorder)
             return
         self._sampled = False
         decision = None
         if self._capture is not None:
+            self._loss_watch.store(self._recorder)  # the steps' losses since the last sample, before this step's
             capture = self._capture
             if not getattr(optimizer, "step_was_skipped", False):  # AMP's scaler skips steps with inf gradients
                 capture.stepped()

@@ -1,0 +1,96 @@
+"""loss_spike: the training loss of every step against its own recent level, with patience — in the plain-loop
+probe and Lightning (every step's loss, read at the next sample), silent on healthy training and on a loss that
+only drifts."""
+
+import numpy as np
+import torch
+
+import helpers
+import tripwire
+from tripwire.core.rules.losses import LossSpike
+from tripwire.plugins.torch import TripwireProbe
+
+CONFIG = {"rules": [{"rule": "loss_spike"}]}
+
+
+def probe_fit(out, corrupt=range(0)):
+    """The digits MLP in a plain loop, 400 steps; at the steps in `corrupt` the labels are shifted by 3 (a bad
+    shard of data)."""
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    losses = []
+    with TripwireProbe(net, optimizer, CONFIG, out_dir=out) as probe:
+        for step in range(400):
+            i = 32 * (step % 40)
+            xb, yb = x[i:i + 32], y[i:i + 32]
+            if step in corrupt:
+                yb = (yb + 3) % 10
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(xb), yb)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+            losses.append(float(loss))
+    return probe, losses
+
+
+def spikes(verdicts) -> list:
+    return [(v.step, v.onset, v.severity) for v in verdicts if v.rule == "loss_spike" and v.fired]
+
+
+def test_a_bad_shard_of_data_is_a_spike_named_at_the_step_it_began(tmp_path):
+    probe, _ = probe_fit(tmp_path / "run", corrupt=range(250, 262))
+    assert spikes(probe.verdicts) == [(254, 250, "warning")]  # patience 5: 250-254
+    (verdict,) = [v for v in probe.verdicts if v.rule == "loss_spike"]
+    assert "jumped at step 250" in verdict.message and "before step 250" in verdict.message
+    # every step's loss is stored (read at the samples), the spike's step with its facts
+    run = tripwire.open_run(probe.run_url)
+    assert run.tensor("losses/train").series("value")[0].tolist() == list(range(400))
+    assert run.tensor("spikes/loss_spike").reduction(254, "began") == 250
+
+
+def test_healthy_training_has_no_spike(tmp_path):
+    probe, losses = probe_fit(tmp_path / "run")
+    assert np.mean(losses[-40:]) < 0.3 * np.mean(losses[:10])  # it learns
+    assert spikes(probe.verdicts) == [] and "spikes/loss_spike" not in tripwire.open_run(probe.run_url).tensor_names()
+
+
+def test_lightning_reads_every_step_s_loss_at_the_next_sample(tmp_path):
+    import lightning.pytorch as pl
+
+    from tripwire.plugins.lightning import TripwireCallback
+
+    class Shifted(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            if 150 <= self.global_step < 160:
+                y = (y + 3) % 10
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    helpers.fit(callback, Shifted(), max_epochs=6)
+    assert spikes(callback.verdicts) == [(154, 150, "warning")]
+
+
+def stream_fires(losses, **params) -> list:
+    watch = LossSpike(**params).loss_stream()
+    return [step for step, value in enumerate(losses) if watch.see(step, value)]
+
+
+def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
+    noise = np.random.default_rng(0).normal(0, 0.05, 2000)
+    assert stream_fires(np.linspace(0.7, 3.0, 2000) + noise) == []  # a GAN generator's loss as its critic wins
+    assert stream_fires(np.r_[np.zeros(200), np.full(50, 1e-9)]) == []  # a problem fit exactly
+    assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [204]  # a jump that stays
+    assert stream_fires(np.r_[1.0 + noise[:200], 1.5, 1.5, 1.5, 1.0 + noise[:20]]) == []  # shorter than patience
