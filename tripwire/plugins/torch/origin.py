@@ -124,11 +124,14 @@ def finite_on_host(value) -> bool | None:
 
 class _KeptState:
     """What a replay of a forward could change, kept to put back: buffers (BatchNorm's running statistics and
-    batch count), gradients, and torchmetrics' accumulated states (a metric updated in the training step)."""
+    batch count), which gradient tensor each parameter holds, and torchmetrics' accumulated states (a metric
+    updated in the training step)."""
 
     def __init__(self, model: torch.nn.Module):
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.grads = [(p, p.grad.detach().clone() if p.grad is not None else None) for p in model.parameters()]
+        # references, not copies (a copy of every gradient would double their memory): the replay runs with
+        # gradients off, and at most a zero_grad() in Lightning's closure sets them to None
+        self.grads = [(p, p.grad) for p in model.parameters()]
         metric = getattr(sys.modules.get("torchmetrics"), "Metric", None)
         self.metrics = [(m, m.__dict__.copy(), {k: _copied(getattr(m, k)) for k in m._defaults})
                         for m in model.modules() if metric is not None and isinstance(m, metric)]
@@ -141,12 +144,8 @@ class _KeptState:
                 if not torch.equal(buffer, value):
                     buffer.copy_(value)
             for param, grad in self.grads:
-                if grad is None:
-                    param.grad = None
-                elif param.grad is None:
+                if param.grad is not grad:
                     param.grad = grad
-                elif not torch.equal(param.grad, grad):
-                    param.grad.copy_(grad)
         for metric, attributes, states in self.metrics:
             metric.__dict__.update(attributes)
             for name, value in states.items():
