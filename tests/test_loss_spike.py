@@ -7,7 +7,7 @@ import torch
 
 import helpers
 import tripwire
-from tripwire.core.rules.losses import LossSpike
+from tripwire.core.rules.spikes import LossSpike
 from tripwire.plugins.torch import TripwireProbe
 
 CONFIG = {"rules": [{"rule": "loss_spike"}]}

@@ -15,7 +15,7 @@ import numpy as np
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from ..naming import MODES, collection_of
-from .base import Requirement, Rule, of_roles, values_at
+from .base import Requirement, Rule, of_roles
 
 
 @dataclass
@@ -143,91 +143,6 @@ def _warming_up(run, since: int) -> bool:
     steps, rates = run.tensor("optimizer/lr").series(mode="train")
     earlier = rates[steps <= since]
     return len(earlier) > 0 and rates[-1] > earlier[-1]
-
-
-@dataclass
-class LossSpike(Rule):
-    """The training loss jumps far above its own recent level and stays there for several steps: a spike, which in
-    a long run is the moment to roll back to, not a trend a sampled series would show."""
-
-    window: int = 100  # the steps whose losses make the recent level
-    threshold: float = 6.0  # robust standard deviations (1.4826 x the median absolute deviation) above the median
-    ratio: float = 1.25  # and at least this many times the median (above it by this share of |median| if <= 0)
-    patience: int = 5  # steps in a row above both
-
-    name = "loss_spike"
-    modes = ("train",)
-    severity = "warning"
-    limits = {"window": COUNT, "patience": COUNT}
-    condition = ("the training loss of every step the plugin hands over (Lightning: every step, read at the next "
-                 "sample; the probe and the Trainer: every step; Keras logs an epoch's running mean, which is not "
-                 "judged), against the `window` finite losses before it (at least 20): above their median by "
-                 "`threshold` robust standard deviations and by `ratio` of the median, `patience` steps in a row. "
-                 "The losses of a spike do not enter the recent level; each spike is told once, at the step "
-                 "`patience` is reached, naming the step it began")
-    hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "
-            "warmup or a restart of the schedule), fp16 overflow, an optimizer state that went stale after "
-            "a resume. Roll back to the checkpoint before the step it began and skip that data, or lower the "
-            "learning rate, or clip gradients.")
-    source = ("Large-model training logs (OPT, BLOOM, PaLM) restart from the checkpoint before a loss spike, "
-              "skipping its batches; judged here against the loss's own noise, with patience, not one threshold.")
-
-    def requires(self):
-        return [Requirement("losses")]
-
-    def loss_stream(self):
-        return SpikeWatch(self.window, self.threshold, self.ratio, self.patience)
-
-    def check(self, run, step):
-        began = values_at(run, step, "began", ["spikes"])
-        if not began:
-            return None
-        name, start = next(iter(began.items()))
-        value, level = (values_at(run, step, key, ["spikes"]).get(name) for key in ("value", "level"))
-        return self.fire(step, f"the training loss jumped at step {int(start)} and stays up: {value:.4g} at step "
-                               f"{step}, {self.patience} steps in a row, against a recent level (median) of "
-                               f"{level:.4g}. Roll back to a checkpoint from before step {int(start)}.",
-                         finding=f"{int(start)}", onset=int(start), began=int(start))
-
-
-class SpikeWatch:
-    """LossSpike's look at every step: a ring of the recent finite losses, their median and spread recomputed every
-    tenth step (about 10 us), and one comparison per step."""
-
-    MIN_SEEN = 20
-    REFRESH = 10
-
-    def __init__(self, window: int, threshold: float, ratio: float, patience: int):
-        self.window, self.threshold, self.ratio, self.patience = int(window), threshold, ratio, int(patience)
-        self._recent: list = []  # the last `window` losses outside spikes
-        self._limit: float | None = None  # above it a loss is high
-        self._level = 0.0
-        self._since_refresh = 0
-        self._high: list = []  # (step, value) of the high losses in a row so far
-
-    def see(self, step: int, value: float) -> dict | None:
-        if not math.isfinite(value):
-            return None
-        if self._limit is not None and value > self._limit:
-            self._high.append((step, value))
-            if len(self._high) == self.patience:
-                return {"value": value, "level": self._level, "limit": self._limit, "began": self._high[0][0]}
-            return None
-        self._high = []
-        self._recent.append(value)
-        del self._recent[:-self.window]
-        self._since_refresh += 1
-        if len(self._recent) >= self.MIN_SEEN and (self._limit is None or self._since_refresh >= self.REFRESH):
-            self._refresh()
-        return None
-
-    def _refresh(self) -> None:
-        recent = np.asarray(self._recent)
-        level = float(np.median(recent))
-        spread = 1.4826 * float(np.median(np.abs(recent - level)))
-        self._level, self._since_refresh = level, 0
-        # above both margins; and above a floor, for a loss that has settled at exactly 0 (a problem fit perfectly)
-        self._limit = level + max(self.threshold * spread, (self.ratio - 1) * abs(level), 1e-6)
 
 
 @dataclass
