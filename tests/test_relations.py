@@ -15,6 +15,7 @@ import helpers
 import tripwire
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
+from tripwire.plugins.torch.relations import UpdateWatch
 from tripwire.plugins.xgboost import TripwireCallback as XGBoostCallback
 
 F = nn.functional
@@ -309,3 +310,26 @@ def test_an_lbfgs_closure_computes_its_gradients_inside_the_step(tmp_path):
     assert findings(run) == []
     # not judged: the gradients before the step are the previous step's, and a converged LBFGS step changes nothing
     assert not {"relations/no_gradients", "relations/step_changed_nothing"} & set(run.tensor_names())
+
+
+class BrokenGroups(torch.optim.SGD):
+    """An optimizer whose param_groups cannot be read between steps (a wrapper that breaks them)."""
+
+    @property
+    def param_groups(self):
+        if getattr(self, "broken", False):
+            raise RuntimeError("param_groups unavailable")
+        return self.__dict__["_groups"]
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.__dict__["_groups"] = groups
+
+
+def test_a_failing_update_check_turns_itself_off_without_raising(caplog):
+    optimizer = BrokenGroups(net().parameters(), lr=0.05)
+    optimizer.broken = True
+    watch = UpdateWatch()
+    watch.before(optimizer)  # inside optimizer.step(): an exception here would end the training
+    assert watch.after(optimizer) is False and watch.told
+    assert "it is off for the rest of this run" in caplog.text

@@ -81,8 +81,14 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
 
 
 def loss_origin(output) -> dict:
-    """The facts for a non-finite loss made from a finite model output."""
-    return {f"origin/{LOSS}": {"nonfinite_count": 1.0, "output_max_abs": max_abs(output)}}
+    """The facts for a non-finite loss made from a finite model output (its largest |value| where it can be
+    read)."""
+    facts = {"nonfinite_count": 1.0}
+    try:
+        facts["output_max_abs"] = max_abs(output)
+    except Exception as exc:  # noqa: BLE001 - an output tripwire cannot read leaves the fact out
+        log.debug("tripwire: the model's output could not be read: %s: %s", type(exc).__name__, exc)
+    return {f"origin/{LOSS}": facts}
 
 
 def tensors_in(value) -> list:

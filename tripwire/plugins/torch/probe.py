@@ -234,7 +234,11 @@ class TripwireProbe:
         a loss read; not judged on an accelerator, where reading would wait for it). Where it is not, the forward
         runs again, from the state it ran in, to find the module where the NaN began (tripwire...origin)."""
         args, kwargs, output, _ = self._forward
-        finite = finite_on_host(output)
+        try:
+            finite = finite_on_host(output)
+        except Exception as exc:  # noqa: BLE001 - an output tripwire cannot read must not stop training
+            log.debug("tripwire: the model's output could not be read for NaN (%s: %s)", type(exc).__name__, exc)
+            finite = None
         self._forward = (args, kwargs, output, finite)
         if finite is None:  # on an accelerator, or nothing to judge: not sought again
             self._seek_origin = False

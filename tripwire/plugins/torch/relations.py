@@ -23,7 +23,11 @@ hold the same parameters: tripwire.plugins.torch.replicas.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("tripwire")
 
 # Modules whose computation differs between train and eval mode: eval mode during training changes what they do.
 MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm,
@@ -136,8 +140,27 @@ class UpdateWatch:
         self.told = False
 
     def before(self, optimizer) -> None:
-        """Just before `optimizer` applies its update (its gradients computed): copy its witness."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer
+        """Just before `optimizer` applies its update (its gradients computed): copy its witness. A failure turns
+        the watch off for the run, said once: it must never stop the training."""
+        try:
+            self._before(getattr(optimizer, "optimizer", optimizer))  # Lightning's LightningOptimizer unwrapped
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(exc)
+
+    def after(self, optimizer) -> bool:
+        """Just after `optimizer`'s update: True the first time it changed nothing IN_A_ROW steps in a row."""
+        try:
+            return self._after(getattr(optimizer, "optimizer", optimizer))
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(exc)
+            return False
+
+    def _give_up(self, exc: Exception) -> None:
+        self.told, self._copies = True, {}
+        log.warning("tripwire: the check that optimizer steps change the parameters failed (%s: %s); it is off for "
+                    "the rest of this run", type(exc).__name__, exc)
+
+    def _before(self, optimizer) -> None:
         self._copies.pop(id(optimizer), None)
         if self.told or isinstance(optimizer, torch.optim.LBFGS):
             return
@@ -151,9 +174,7 @@ class UpdateWatch:
             self._copies[id(optimizer)] = (param, param.detach().clone(), grad, float(rate))
             return
 
-    def after(self, optimizer) -> bool:
-        """Just after `optimizer`'s update: True the first time it changed nothing IN_A_ROW steps in a row."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)
+    def _after(self, optimizer) -> bool:
         copied = self._copies.pop(id(optimizer), None)
         if copied is None:
             return False
