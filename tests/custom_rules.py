@@ -93,3 +93,29 @@ class LossSteps(Rule):
         if step == self.at:
             return self.fire(step, "steps " + " ".join(map(str, run.tensor("losses/train").steps())))
         return None
+
+
+class FailingLossStream(Rule):
+    """A rule of one's own that judges every step's loss, and whose look at it fails from the 5th loss on."""
+
+    name = "failing_loss_stream"
+    condition = "never fires"
+    hint = "-"
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def loss_stream(self):
+        class Stream:
+            seen = 0
+
+            def see(self, step, value):
+                self.seen += 1
+                if self.seen >= 5:
+                    raise RuntimeError("this rule's stream broke")
+                return None
+
+        return Stream()
+
+    def check(self, run, step):
+        return None

@@ -13,7 +13,7 @@ from tripwire.plugins.torch import TripwireProbe
 CONFIG = {"rules": [{"rule": "loss_spike"}]}
 
 
-def probe_fit(out, corrupt=range(0)):
+def probe_fit(out, corrupt=range(0), config=CONFIG):
     """The digits MLP in a plain loop, 400 steps; at the steps in `corrupt` the labels are shifted by 3 (a bad
     shard of data)."""
     torch.manual_seed(0)
@@ -22,7 +22,7 @@ def probe_fit(out, corrupt=range(0)):
     net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     losses = []
-    with TripwireProbe(net, optimizer, CONFIG, out_dir=out) as probe:
+    with TripwireProbe(net, optimizer, config, out_dir=out) as probe:
         for step in range(400):
             i = 32 * (step % 40)
             xb, yb = x[i:i + 32], y[i:i + 32]
@@ -94,3 +94,10 @@ def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
     assert stream_fires(np.r_[np.zeros(200), np.full(50, 1e-9)]) == []  # a problem fit exactly
     assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [204]  # a jump that stays
     assert stream_fires(np.r_[1.0 + noise[:200], 1.5, 1.5, 1.5, 1.0 + noise[:20]]) == []  # shorter than patience
+
+
+def test_a_rule_whose_look_at_every_loss_fails_is_dropped_and_training_goes_on(tmp_path, caplog):
+    config = {"rules": [{"rule": "custom_rules:FailingLossStream"}, {"rule": "loss_spike"}]}
+    probe, losses = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=config)
+    assert len(losses) == 400 and "could not judge the loss of step 4" in caplog.text
+    assert spikes(probe.verdicts) == [(254, 250, "warning")]  # the other rule's stream goes on

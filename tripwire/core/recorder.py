@@ -314,11 +314,14 @@ class Recorder:
         """A finite training loss of one step, handed to the rules that judge every step's (loss_spike); what one
         finds is recorded at this step, with the loss, as `spikes/<rule id>` ({fact: value}), for the rule to
         judge (as a NaN loss between samples is: a sample of its own)."""
-        for rule_id, stream in self._loss_streams:
+        for rule_id, stream in list(self._loss_streams):
             try:
                 found = stream.see(step, float(value))
-            except (TypeError, ValueError):
-                return
+            except Exception as exc:  # noqa: BLE001 - a rule's own stream (a user's rule) must not stop training
+                self._loss_streams.remove((rule_id, stream))
+                log.warning("tripwire: rule %s could not judge the loss of step %s (%s: %s); it no longer reads "
+                            "every step's loss in this run", rule_id, step, type(exc).__name__, exc)
+                continue
             if found:
                 self._streaming = True  # the loss recorded with it is not handed over again
                 try:
@@ -367,7 +370,8 @@ class Recorder:
         return value
 
     def poll(self) -> Decision:
-        """Actions for verdicts the side process wrote since the last call (cheap: no I/O here)."""
+        """Actions for verdicts the side process wrote since the last call, and for those found on the losses of
+        the steps between samples (cheap: no I/O here)."""
         decision, self._held = self._held or Decision(), None
         if not self._inbox:
             if self._watcher is not None:
