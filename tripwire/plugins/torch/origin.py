@@ -67,7 +67,7 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
     handles = [module.register_forward_hook(seen, with_kwargs=True) for module in names]
     kept = _KeptState(model)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), _muted_logging(model):
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), _MutedLogging(model):
             forward()
     except Exception as exc:  # noqa: BLE001 - a replay that fails (a backward under no_grad) ends the look there
         log.debug("tripwire: the replay of the non-finite step stopped: %s: %s", type(exc).__name__, exc)
@@ -92,8 +92,8 @@ def loss_origin(output) -> dict:
 
 
 def tensors_in(value) -> list:
-    """The floating-point tensors in a forward's arguments or output (tuples, lists, dicts, a Hugging Face
-    ModelOutput), one level of nesting deep at each level."""
+    """The floating-point tensors in a forward's arguments or output: a tensor, or tuples, lists and dicts (a
+    Hugging Face ModelOutput is one) of them, nested."""
     if isinstance(value, torch.Tensor):
         return [value] if value.is_floating_point() or value.is_complex() else []
     if isinstance(value, dict):
@@ -166,7 +166,7 @@ def _copied(value):
     return value
 
 
-class _muted_logging:
+class _MutedLogging:
     """Lightning's `self.log` / `self.log_dict` do nothing during the replay: the step logged its values once."""
 
     def __init__(self, model):
