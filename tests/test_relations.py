@@ -333,3 +333,33 @@ def test_a_failing_update_check_turns_itself_off_without_raising(caplog):
     watch.before(optimizer)  # inside optimizer.step(): an exception here would end the training
     assert watch.after(optimizer) is False and watch.told
     assert "it is off for the rest of this run" in caplog.text
+
+
+class IgnoresItsIndex(torch.utils.data.Dataset):
+    """A dataset whose __getitem__ forgets its index: every batch is the first sample, again and again."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return self.x[0], self.y[0]
+
+
+@pytest.mark.parametrize("dataset, batch_size", [
+    (torch.utils.data.TensorDataset, 32), (IgnoresItsIndex, 32), (torch.utils.data.TensorDataset, 4096),
+], ids=["healthy", "index_ignored", "full_batch"])
+def test_lightning_a_loader_that_repeats_one_batch_is_a_warning(tmp_path, dataset, batch_size):
+    x, y = digits()
+    train = torch.utils.data.DataLoader(dataset(x, y), batch_size=batch_size, shuffle=False)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, helpers.mlp_module(), max_epochs=2 if batch_size == 32 else 60,
+                          loaders=(train, val))
+    run = tripwire.open_run(callback.run_url)
+    if dataset is IgnoresItsIndex:  # batches 0, 1 and 2 are equal: the second repeat is told at step 2
+        assert findings(run) == [("repeated_batch", 2, "warning")]
+    else:  # a full-batch training sees its one batch at every step, by design
+        assert trainer.callback_metrics["val_loss"] < 0.8 and findings(run) == []

@@ -156,6 +156,21 @@ def test_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path):
     assert (verdict.finding, verdict.step, verdict.severity) == ("step_changed_nothing", 16, "error")
 
 
+class FirstRowOnly(Rows):
+    """A dataset whose __getitem__ forgets its index: every batch holds the first row, again and again."""
+
+    def __getitem__(self, i):
+        return super().__getitem__(0)
+
+
+def test_a_loader_that_repeats_one_batch_is_a_warning_within_a_step(tmp_path):
+    (xt, yt), (xv, yv) = data.token_presence()
+    cb = TripwireCallback()
+    fit(cb, tmp_path, train=FirstRowOnly(xt, yt), val=Rows(xv, yv), max_steps=5)
+    verdict = fired(cb.run_url)["training_relations"]  # batches 0, 1 and 2 are equal: told at step 2
+    assert (verdict.finding, verdict.step, verdict.severity) == ("repeated_batch", 2, "warning")
+
+
 def test_a_learning_rate_far_too_high_is_named_and_stop_and_checkpoint_act_on_it(tmp_path):
     """AdamW at 100 makes no NaN in this model (bounded steps, LayerNorm): learning_rate names it at step 0, a
     warning; with `{stop: warning}` training stops after that step, with the Trainer's resumable checkpoint."""

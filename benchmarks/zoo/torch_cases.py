@@ -727,6 +727,31 @@ def optimizer_misses_head(attach, long):
     return train_classifier(attach, long, mlp, first_layer_only)
 
 
+class FirstSampleOnly(torch.utils.data.Dataset):
+    """A dataset whose __getitem__ forgets its index: every batch is the first sample, again and again."""
+
+    def __init__(self, x, y):
+        self.x, self.y = torch.as_tensor(x), torch.as_tensor(y)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return self.x[0], self.y[0]
+
+
+def index_ignored(attach, long):
+    """The ReLU MLP trained from a dataset whose __getitem__ ignores its index: the loss goes to 0 on the one
+    sample it sees at every step."""
+    torch.manual_seed(0)
+    (xt, yt), (xv, yv) = data.digits()
+    model = Classifier(mlp(), adam(), return_preds=True)
+    train = DataLoader(FirstSampleOnly(xt, yt), batch_size=32, shuffle=True,
+                       generator=torch.Generator().manual_seed(0))
+    steps = fit(attach, model, train, loader(xv, yv, batch_size=256, shuffle=False), (15, 60)[long])
+    return reached("val_acc", accuracy(model, xv, yv), 0.9, steps)
+
+
 class ClearsBeforeStep(Classifier):
     """Manual optimisation as users write it, with optimizer.zero_grad() between the backward pass and the step."""
 
@@ -832,6 +857,8 @@ CASES: list[Case] = [
     Case("lightning", "manual_zero_grad_before_step", manual_zero_grad_before_step,
          fault="manual optimisation: zero_grad() between manual_backward() and step()",
          catch=("training_relations",), tags=SILENT),
+    Case("lightning", "index_ignored", index_ignored, fault="the dataset's __getitem__ ignores its index",
+         catch=("training_relations",), cause=("training_relations", "loss_setup"), onset=1, tags=SILENT),
     Case("torch", "spectral_norm_classifier", spectral_norm_classifier),
     Case("torch", "spectral_norm_evaluated_first", spectral_norm_evaluated_first,
          fault="spectral_norm model evaluated before any training forward", catch=("first_evaluation",), tags=SILENT),

@@ -39,6 +39,13 @@ RELATIONS = {
         "The optimizer's step ran and changed nothing. Check an overridden or wrapped step() (one that returns "
         "early or writes into copies, a compiled step that does not write back) and, for bf16 or fp16 weights, a "
         "learning rate so small that every update rounds away (keep fp32 master weights)."),
+    "repeated_batch": (
+        "warning",
+        "the model was handed exactly the same batch at {n} steps in a row, although an epoch holds more than one: "
+        "the loader repeats one batch, so the model learns that batch alone while its loss still goes down",
+        "Iterate the loader once per epoch (`for batch in loader:`): a `next(iter(loader))` in the loop starts a "
+        "fresh iterator at every step, which hands out the first batch again where shuffling is off. Check that "
+        "the dataset's __getitem__ uses its index and that an IterableDataset moves on."),
     "same_eval_data": (
         "warning",
         "{n} eval set(s) logged exactly the metrics of another eval set at every round so far: the same data under "
@@ -61,7 +68,7 @@ RELATIONS = {
 class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
     (a missing `zero_grad()`), training in eval mode, an optimizer step with no gradient to apply or that changes
-    nothing."""
+    nothing, a loader that hands out one batch again and again."""
 
     name = "training_relations"
     modes = ("train",)
@@ -76,7 +83,11 @@ class TrainingRelations(Rule):
                  "a GradScaler skipped is not judged; between samples, on the CPU, the probe and Lightning compare "
                  "each optimizer's smallest such parameter at every step and tell the second step in a row that "
                  "left it unchanged where an update of lr x its largest gradient would have shown in its dtype, so "
-                 "a step that stops updating mid-run is told within a step); `same_eval_data` — an XGBoost eval set logged exactly the "
+                 "a step that stops updating mid-run is told within a step); `repeated_batch` — every tensor of the batch "
+                 "exactly equal to the last batch's at two steps in a row, where an epoch holds more than one batch "
+                 "(warning; Lightning and the Hugging Face Trainer, on the CPU, at the first steps and at "
+                 "consecutive steps the plugin sees; a plain loop's probe cannot tell a full-batch training from it "
+                 "and does not judge it); `same_eval_data` — an XGBoost eval set logged exactly the "
                  "metrics of another at every round so far (warning); `replicas_differ` — under DDP, after an "
                  "optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's (error; "
                  "the probe and Lightning). PyTorch: the probe, Lightning and the Hugging Face Trainer; "

@@ -141,5 +141,6 @@ def _class_labels(use, labels):
     if labels.distinct == 1 and (use.units or 0) >= 3 and shaped_as_ids and labels.shape[0] >= MIN_BATCH:
         return [("one_class_batch", "warning", f"the first batch's {labels.shape[0]} labels are all class "
                  f"{labels.min:.0f}, of {use.units}: data ordered by class and not shuffled trains on one class at "
-                 "a time. Shuffle the training data (shuffle=True in the DataLoader or fit).")]
+                 "a time, and a dataset whose __getitem__ ignores its index hands out one sample only. Shuffle the "
+                 "training data (shuffle=True in the DataLoader or fit); check that __getitem__ uses its index.")]
     return []

@@ -34,7 +34,7 @@ from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
-from tripwire.plugins.torch.relations import UpdateWatch
+from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
 from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
 
@@ -106,6 +106,7 @@ class TripwireCallback(*_callback_bases()):
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
         self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
         self._broken = None  # (step, relation) it told, to record at the batch's end
+        self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
         self._verdicts: list = []
@@ -164,6 +165,9 @@ class TripwireCallback(*_callback_bases()):
         # whatever the user's closure returns
         self._seek_origin = "losses" in self._plan
         self._updates = UpdateWatch() if "relations" in self._plan else None
+        # one process: a rank that acted on its own batches alone would leave the others out of the decision
+        self._batches = BatchWatch() if "relations" in self._plan and trainer.world_size == 1 and \
+            trainer.num_training_batches > 1 else None
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
         return self._recorder.run_url
@@ -187,7 +191,7 @@ class TripwireCallback(*_callback_bases()):
             try:
                 self._recorder.finish(state)
             finally:
-                self._recorder, self._capture = None, None
+                self._recorder, self._capture, self._batches = None, None, None
 
     def state_dict(self):
         return {"run_url": self.run_url}
@@ -217,6 +221,9 @@ class TripwireCallback(*_callback_bases()):
         if sampled != self._sampled:
             self._sampled = sampled
             self._listen(sampled)
+        if self._batches is not None and self._batches.see(step, batch):
+            self._decide(trainer, self._recorder.check_relation(step, "repeated_batch", BatchWatch.IN_A_ROW + 1),
+                         step)
         if not sampled and self._watching:  # sleep until the optimizers' hook wakes this callback
             self._wake_at = self._plan.next_sampled("train", step + 1)
             self.__dict__["on_train_batch_start"] = None

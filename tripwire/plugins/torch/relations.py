@@ -17,7 +17,8 @@
   non-zero gradient and a learning rate above 0, copied before the step, at least one differs after it. None
   changing is a step that does nothing (overridden, skipped by a wrapper, a compiled step that never writes back).
   Values are compared, not torch's version counters: a fused optimizer writes without counting.
-The last two are read at sampled steps, in one copy with the rest of the sample. Across ranks, DDP replicas that
+The last two are read at sampled steps, in one copy with the rest of the sample.
+- The batch changes from step to step, where an epoch holds more than one (BatchWatch). Across ranks, DDP replicas that
 hold the same parameters: tripwire.plugins.torch.replicas.
 """
 
@@ -193,6 +194,75 @@ class UpdateWatch:
             held = [(p, group) for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
             known = self._candidates[id(optimizer)] = (count, sorted(held, key=lambda pg: pg[0].numel()))
         return known[1]
+
+
+class BatchWatch:
+    """Whether the batch changes from step to step. A loader that hands the model one batch again and again (a
+    `next(iter(loader))` inside the loop with shuffling off, a dataset whose __getitem__ ignores its index, an
+    iterable dataset that never moves on) trains the model on that batch alone, and the loss still goes down.
+
+    Only where the framework says an epoch holds more than one batch: a full-batch training sees the same batch at
+    every step by design, and a plain loop cannot tell the two apart. Batches the plugin sees at consecutive steps
+    (the first steps, where such a loader first shows, and consecutive sampled steps) are compared, on the CPU:
+    every tensor of the batch against the last batch's, at a few positions first and in full where those agree.
+    The last batch is held by reference, not copied; a batch written into the last one's memory (a loader that
+    reuses its buffer) is not judged. Two repeats in a row (three equal batches) are told, once per run."""
+
+    IN_A_ROW = 2
+    POSITIONS = 16  # compared first: batches that differ almost always differ there
+
+    def __init__(self):
+        self._last = None  # (step, [tensors]) of the last batch seen
+        self._repeats = 0
+        self.told = False
+
+    def see(self, step: int, batch) -> bool:
+        """The batch of `step` (a tensor, or tuples, lists and dicts of them): True the first time it is the
+        IN_A_ROW-th repeat in a row. A failure turns the watch off for the run, said once."""
+        try:
+            return self._see(step, batch)
+        except Exception as exc:  # noqa: BLE001 - it runs in the training step: it must never stop it
+            self.told, self._last = True, None
+            log.warning("tripwire: the check that batches change failed (%s: %s); it is off for the rest of this "
+                        "run", type(exc).__name__, exc)
+            return False
+
+    def _see(self, step: int, batch) -> bool:
+        if self.told:
+            return False
+        tensors = [t.detach() for t in _batch_tensors(batch)]
+        judged = bool(tensors) and all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors)
+        last, self._last = self._last, ((step, tensors) if judged else None)
+        if last is None or not judged or not 0 <= step - last[0] <= 1 or not _equal_batches(last[1], tensors):
+            self._repeats = 0
+            return False
+        self._repeats += 1
+        self.told = self._repeats >= self.IN_A_ROW
+        return self.told
+
+
+def _batch_tensors(value) -> list:
+    """Every tensor in a batch: a tensor, or tuples, lists and dicts of them, nested."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _batch_tensors(v)]
+    return []
+
+
+def _equal_batches(last: list, batch: list) -> bool:
+    """Every tensor equal to its counterpart, held in memory of its own (not the last batch's, overwritten)."""
+    if len(last) != len(batch) or any(a.shape != b.shape or a.dtype != b.dtype or a.data_ptr() == b.data_ptr()
+                                       for a, b in zip(last, batch)):
+        return False
+    for a, b in zip(last, batch):
+        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        picks = torch.linspace(0, flat_a.numel() - 1, min(BatchWatch.POSITIONS, flat_a.numel())).long()
+        if not torch.equal(flat_a[picks], flat_b[picks]):
+            return False
+    return all(torch.equal(a, b) for a, b in zip(last, batch))
 
 
 def _would_show(before: torch.Tensor, grad: torch.Tensor, rate: float) -> bool:

@@ -38,7 +38,7 @@ from tripwire.plugins.torch.capture import TorchCapture, optimizer_state
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin
-from tripwire.plugins.torch.relations import UpdateWatch
+from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
 
@@ -96,7 +96,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._origin = {}  # {origin/<module>: facts} of that loss, found by replaying its forward
         self._replaying = False  # the forward hook sees the replay's forward pass: not a step's
         self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
-        self._broken = False  # it told one this step
+        self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
+        self._broken: list = []  # (relation, count) they told this step, recorded when it ends
         self._looked = False  # the first sampled step's forward pass ran under a LossSpy
         self._said_no_loss = False
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
@@ -134,6 +135,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._loss_watch.keep = self._watch_loss and "losses" in self._plan and \
                 args.gradient_accumulation_steps == 1
             self._updates = UpdateWatch() if self._world == 1 and "relations" in self._plan else None
+            self._batches = BatchWatch() if self._world == 1 and "relations" in self._plan and \
+                _batches_per_epoch(kwargs.get("train_dataloader")) > 1 else None
             self._share_scale = self._world if getattr(args, "average_tokens_across_devices", False) else 1
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
@@ -215,6 +218,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._nonfinite = self._loss_watch.see(self._step, loss)
             if self._nonfinite is not None and self._nonfinite[0] == self._step:  # known before the update
                 self._origin = self._replay(module, args, kwargs)
+        if self._batches is not None and self._batches.see(self._step, (args, kwargs)):
+            self._broken.append(("repeated_batch", BatchWatch.IN_A_ROW + 1))
         if self._sampled:
             self._capture.take("labels", "", kwargs.get("labels"))
             self._capture.take_inputs(kwargs.get(getattr(module, "main_input_name", "input_ids")))
@@ -252,13 +257,14 @@ class TripwireCallback(TrainerCallback, ExportableState):
         """After the update: whether a step between samples changed what it applied a gradient to (a step AMP's
         scaler skipped changed nothing, by design: not judged)."""
         if self._updates is not None and not self._sampled and not getattr(optimizer, "step_was_skipped", False):
-            self._broken = self._updates.after(optimizer)
+            if self._updates.after(optimizer):
+                self._broken.append(("step_changed_nothing", 1))
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
-        if self._broken:  # between samples, one process: no other rank to agree with
-            self._broken = False
-            self._decide(args, state, control, self._recorder.check_relation(self._step, "step_changed_nothing", 1)
+        for relation, count in self._broken:  # between samples, one process: no other rank to agree with
+            self._decide(args, state, control, self._recorder.check_relation(self._step, relation, count)
                          if self._recorder else None)
+        self._broken = []
         if self._nonfinite is not None:
             (step, loss), self._nonfinite = self._nonfinite, None
             origin, self._origin = self._origin, {}
@@ -358,3 +364,11 @@ class TripwireCallback(TrainerCallback, ExportableState):
         values = torch.tensor(flags, device=self._device)
         torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
         return values.tolist()
+
+
+def _batches_per_epoch(loader) -> float:
+    """How many batches the Trainer's training loader holds (0 where it cannot say: an iterable dataset)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
