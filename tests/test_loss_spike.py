@@ -1,6 +1,6 @@
 """loss_spike: the training loss of every step against its own recent level, with patience — in the plain-loop
-probe and Lightning (every step's loss, read at the next sample), silent on healthy training and on a loss that
-only drifts."""
+probe, Lightning (every step's loss, read at the next sample) and Keras (told from the running mean it logs),
+silent on healthy training and on a loss that only drifts."""
 
 import numpy as np
 import torch
@@ -101,3 +101,36 @@ def test_a_rule_whose_look_at_every_loss_fails_is_dropped_and_training_goes_on(t
     probe, losses = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=config)
     assert len(losses) == 400 and "could not judge the loss of step 4" in caplog.text
     assert spikes(probe.verdicts) == [(254, 250, "warning")]  # the other rule's stream goes on
+
+
+def keras_fit(out, corrupt=range(0)):
+    """The digits MLP in Keras, one epoch of 400 steps in order; the batches in `corrupt` have their labels
+    shifted by 3. Returns the callback and each step's loss (from the epoch's running mean Keras logs)."""
+    import keras
+
+    from tripwire.plugins.keras import TripwireCallback
+
+    keras.utils.set_random_seed(0)
+    (x, y), _ = helpers.digits()
+    x, y = np.resize(x, (400 * 32, 64)), np.resize(y, 400 * 32)
+    for step in corrupt:
+        y[32 * step:32 * step + 32] = (y[32 * step:32 * step + 32] + 3) % 10
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = TripwireCallback(CONFIG, out_dir=out)
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    return callback
+
+
+def test_keras_tells_each_step_s_loss_from_the_running_mean_it_logs(tmp_path):
+    callback = keras_fit(tmp_path / "run", corrupt=range(250, 262))
+    assert spikes(callback.verdicts) == [(254, 250, "warning")]
+    steps, losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")
+    assert steps.tolist() == list(range(400))
+    assert np.median(losses[250:262]) > 3 * np.median(losses[200:250])  # the steps' own, not the epoch's mean
+
+
+def test_keras_healthy_training_has_no_spike(tmp_path):
+    callback = keras_fit(tmp_path / "run")
+    _, losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")
+    assert np.mean(losses[-40:]) < 0.3 * np.mean(losses[:10]) and spikes(callback.verdicts) == []  # it learns

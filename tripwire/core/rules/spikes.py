@@ -27,9 +27,10 @@ class LossSpike(Rule):
     severity = "warning"
     limits = {"window": COUNT, "patience": COUNT}
     condition = ("the training loss of every step the plugin hands over (Lightning: every step, read at the next "
-                 "sample; the probe and the Trainer: every step; Keras logs an epoch's running mean, which is not "
-                 "judged), against the `window` finite losses before it (at least 20): above their median by "
-                 "`threshold` robust standard deviations and by `ratio` of the median, `patience` steps in a row. "
+                 "sample; the probe and the Trainer: every step; Keras: every step's own loss, told from the change "
+                 "of the epoch's running mean it logs), against the `window` finite losses before it (at least 20): "
+                 "above their median by `threshold` robust standard deviations and by `ratio` of the median, "
+                 "`patience` steps in a row. "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
                  "`patience` is reached, naming the step it began")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "

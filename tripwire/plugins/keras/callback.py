@@ -34,6 +34,7 @@ from tripwire.core.sinks import EventFileSink, siblings
 from .capture import StepCapture
 from .firststep import first_step
 from .hooks import hook_model
+from .steploss import StepLosses
 from .structure import describe
 
 log = logging.getLogger("tripwire")
@@ -75,6 +76,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._looked = False  # the run holds what the first sampled step trained with
         self._log_loss = False  # the config captures the loss Keras logs (`metrics/loss`) at every step
+        self._step_losses: StepLosses | None = None  # each step's own loss, stored where the config keeps losses
 
     @property
     def verdicts(self) -> list:
@@ -98,6 +100,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base = int(model.optimizer.iterations)
+        self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
 
     def on_train_end(self, logs=None):
         self._close(self._state)
@@ -145,7 +148,7 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
-                self._keep_loss(self._base + batch, logs)
+                self._keep_loss(self._base + batch, batch, logs, sampled=False)
                 decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
                 if decision is not None:
                     self._decide(decision, self._base + batch)
@@ -156,7 +159,7 @@ class TripwireCallback(keras.callbacks.Callback):
             batch = min(batch, self.params["steps"] - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
-        self._keep_loss(step, logs)
+        self._keep_loss(step, batch, logs, sampled=True)
         if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
             self._looked = True
             self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
@@ -170,13 +173,19 @@ class TripwireCallback(keras.callbacks.Callback):
                 values[f"metrics/{key}"] = {"value": float(value)}
         self._decide(self._recorder.record(step, "train", values, tensors), step)
 
-    def _keep_loss(self, step: int, logs) -> None:
+    def _keep_loss(self, step: int, batch: int, logs, sampled: bool) -> None:
         """The loss Keras logs (the mean over the epoch so far, on the host at every step) as `metrics/loss`, at
-        every step: a curve of the whole run for free. Stored, not judged (Recorder.scalars): the loss rules
-        read `losses/train`, the step's own loss, at the sampled steps."""
+        every step: a curve of the whole run for free. Between samples, the step's own loss told from it
+        (StepLosses) as `losses/train`, what loss_spike judges at every step; a sampled step records the loss its
+        train step computed. Stored, not judged (Recorder.scalars): the loss rules read the sampled steps."""
         loss = (logs or {}).get("loss")
-        if self._log_loss and loss is not None and np.ndim(loss) == 0:
+        if loss is None or np.ndim(loss) != 0:
+            return
+        if self._log_loss:
             self._recorder.scalars(step, "train", {"metrics/loss": {"value": float(loss)}})
+        own = self._step_losses.see(batch, loss) if self._step_losses is not None else None
+        if own is not None and not sampled:
+            self._recorder.scalars(step, "train", {"losses/train": {"value": own}})
 
     def save_tensor(self, name: str, tensor) -> None:
         """Capture a tensor of your own as `custom/<name>` at sampled steps, if the `custom` collection is on.
