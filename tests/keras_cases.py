@@ -220,9 +220,10 @@ def test_a_step_that_samples_only_the_loss_takes_the_loss_of_that_step(tmp_path)
         if name == "loss only" and keras.backend.backend() == "tensorflow":
             assert not any(swapped.values())  # the unsampled steps' function ran every step, the sampled ones too
     (steps, losses), (steps_g, losses_g) = runs["loss only"], runs["with gradients"]
-    assert steps.tolist() == steps_g.tolist() == list(range(0, 43, 4))
-    np.testing.assert_allclose(losses, losses_g, rtol=1e-6)
-    assert len(set(losses.tolist())) == len(losses)  # a value per step, not one kept from an earlier step
+    assert steps.tolist() == steps_g.tolist() == list(range(43))  # between samples: told from the running mean
+    sampled = steps % 4 == 0
+    np.testing.assert_allclose(losses[sampled], losses_g[sampled], rtol=1e-6)
+    assert len(set(losses[sampled].tolist())) == sampled.sum()  # a value per step, not one kept from an earlier step
 
 
 def test_full_tensors_are_the_parameters_before_the_update(tmp_path):

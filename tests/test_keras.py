@@ -47,10 +47,9 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
 
     assert a.collections() == b.collections() and a.modes() == b.modes() == ["eval", "train"]
     assert a.steps() == b.steps() == list(range(0, 43, 2)) and a.steps(mode="eval") == b.steps(mode="eval") == [43]
-    # every step holds the loss: Lightning's returned loss (losses/train), the loss Keras logs (metrics/loss)
-    assert a.tensor("losses/train").steps() == list(range(43))
-    assert b.tensor("losses/train").steps() == list(range(0, 43, 2)) and b.tensor("metrics/loss").steps() == \
-        list(range(43))
+    # every step holds the loss: Lightning's returned loss, Keras' told from the running mean it logs (metrics/loss)
+    assert a.tensor("losses/train").steps() == b.tensor("losses/train").steps() == list(range(43))
+    assert b.tensor("metrics/loss").steps() == list(range(43))
     for collection in a.collections():
         reductions = {frozenset(run.tensor(n).reductions(mode=m)) for run in (a, b) for m in run.modes()
                       for n in run.tensor_names(collection, mode=m)}
@@ -79,16 +78,19 @@ def test_keras_and_lightning_runs_read_the_same(tmp_path):
 
 
 def test_the_loss_keras_logs_is_stored_at_every_step_and_the_rules_read_the_sampled_steps(tmp_path):
-    """Keras hands its logged loss over at every step: with config=None (every 100 steps) a run of 430 steps
-    stores 430 points of it as metrics/loss, while losses/train, which the rules read, keeps its schedule."""
+    """Keras hands its logged loss (the epoch's running mean) over at every step: with config=None (every 100
+    steps) a run of 430 steps stores 430 points of it as metrics/loss, and each step's own loss told from it as
+    losses/train; the rules read the sampled steps."""
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
     history = fit(cb, epochs=10).history.history
     run = tripwire.open_run(cb.run_url)
     steps, values = run.tensor("metrics/loss").series()
     assert steps.tolist() == list(range(430))
     assert np.isclose(values[42], history["loss"][0], rtol=1e-5)  # an epoch's last step: the epoch's loss
-    assert run.tensor("losses/train").steps() == [0, 100, 200, 300, 400] and run.steps() == [*range(10), 100, 200,
-                                                                                              300, 400]
+    own = run.tensor("losses/train").series()[1]
+    assert np.isclose(own[43:86].mean(), history["loss"][1], rtol=1e-3)  # an epoch's steps: the epoch's mean
+    assert run.tensor("losses/train").steps() == list(range(430)) and run.steps() == [*range(10), 100, 200, 300,
+                                                                                       400]
 
 
 def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_path):
@@ -114,7 +116,7 @@ def test_a_model_compiled_with_xla_is_captured(tmp_path):
     fit(cb, model, epochs=1, validation=False)
     run = tripwire.open_run(cb.run_url)
     gradient = run.tensor(f"gradients/{model.layers[0].kernel.path}")
-    assert gradient.steps() == run.tensor("losses/train").steps() == [0, 10, 20, 30, 40]
+    assert gradient.steps() == run.steps() == [0, 10, 20, 30, 40]
     l2 = gradient.series("l2")[1]
     assert np.all(np.isfinite(l2) & (l2 > 0))
 
@@ -283,7 +285,8 @@ def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, capl
 
 
 def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path, caplog):
-    """The unsampled steps' function keeps no loss there: the first loss-only step finds out and falls back on the logs."""
+    """The unsampled steps' function keeps no loss there: the first loss-only step finds out and falls back on the
+    logs, each step's own loss told from the running mean they hold."""
     keras.utils.set_random_seed(0)
     model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -292,7 +295,7 @@ def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path
         fit(cb, model, epochs=1, validation=False)
     assert sum("scale_loss" in r.getMessage() for r in caplog.records) == 1
     steps, losses = tripwire.open_run(cb.run_url).tensor("losses/train").series()
-    assert steps.tolist() == [0, 10, 20, 30, 40] and np.isfinite(losses).all()
+    assert steps.tolist() == list(range(43)) and np.isfinite(losses).all()
 
 
 TRAINING_IMPORTS = """

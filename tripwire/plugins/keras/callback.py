@@ -148,7 +148,9 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
-                self._keep_loss(self._base + batch, batch, logs, sampled=False)
+                own = self._keep_loss(self._base + batch, batch, logs)
+                if own is not None:
+                    self._recorder.scalars(self._base + batch, "train", {"losses/train": {"value": own}})
                 decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
                 if decision is not None:
                     self._decide(decision, self._base + batch)
@@ -159,33 +161,34 @@ class TripwireCallback(keras.callbacks.Callback):
             batch = min(batch, self.params["steps"] - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
-        self._keep_loss(step, batch, logs, sampled=True)
+        own = self._keep_loss(step, batch, logs)
         if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
             self._looked = True
             self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
         for key, value in (logs or {}).items():
             if key == "loss" and "losses" in plans and "losses/train" not in values and np.ndim(value) == 0:
                 self._capture.warn_once("loss", "tripwire: the train step did not hand its loss to "
-                                        "model.optimizer.scale_loss(), so losses/train is the loss Keras logs: "
-                                        "the mean over the epoch so far.")
-                values["losses/train"] = {"value": float(value)}
+                                        "model.optimizer.scale_loss(), so losses/train is told from the loss Keras "
+                                        "logs, the mean over the epoch so far.")
+                values["losses/train"] = {"value": own if own is not None else float(value)}
             elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
                 values[f"metrics/{key}"] = {"value": float(value)}
+        if own is not None and "losses/train" not in values:  # a step sampled for other collections
+            self._recorder.scalars(step, "train", {"losses/train": {"value": own}})
         self._decide(self._recorder.record(step, "train", values, tensors), step)
 
-    def _keep_loss(self, step: int, batch: int, logs, sampled: bool) -> None:
+    def _keep_loss(self, step: int, batch: int, logs) -> float | None:
         """The loss Keras logs (the mean over the epoch so far, on the host at every step) as `metrics/loss`, at
-        every step: a curve of the whole run for free. Between samples, the step's own loss told from it
-        (StepLosses) as `losses/train`, what loss_spike judges at every step; a sampled step records the loss its
-        train step computed. Stored, not judged (Recorder.scalars): the loss rules read the sampled steps."""
+        every step: a curve of the whole run for free. Returns the step's own loss told from it (StepLosses)
+        where the config keeps losses: stored as `losses/train` where the train step's own was not taken, so
+        that loss_spike judges every step. Stored, not judged (Recorder.scalars): the loss rules read the
+        sampled steps."""
         loss = (logs or {}).get("loss")
         if loss is None or np.ndim(loss) != 0:
-            return
+            return None
         if self._log_loss:
             self._recorder.scalars(step, "train", {"metrics/loss": {"value": float(loss)}})
-        own = self._step_losses.see(batch, loss) if self._step_losses is not None else None
-        if own is not None and not sampled:
-            self._recorder.scalars(step, "train", {"losses/train": {"value": own}})
+        return self._step_losses.see(batch, loss) if self._step_losses is not None else None
 
     def save_tensor(self, name: str, tensor) -> None:
         """Capture a tensor of your own as `custom/<name>` at sampled steps, if the `custom` collection is on.
