@@ -752,6 +752,40 @@ def index_ignored(attach, long):
     return reached("val_acc", accuracy(model, xv, yv), 0.9, steps)
 
 
+def ddp(attach, long, bypass: bool = False):
+    """The ReLU MLP in a plain DDP loop, two processes on the CPU (gloo), a probe on each rank (`workers: all`, as
+    docs/probe.md asks for DDP); learned: rank 0's validation accuracy >= 0.9."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import tripwire
+
+    folder = attach.out_dir if attach is not None else os.path.join(tempfile.mkdtemp(prefix="zoo-ddp-"), "run")
+    config = tripwire.load_config(attach.config if attach is not None else None).to_dict()
+    config["workers"] = "all"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([root, os.environ.get(
+        "PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                    "benchmarks.zoo.ddp_loop", folder, json.dumps(config), str((6, 20)[long]),
+                    *(["--bypass"] if bypass else [])], check=True, capture_output=True, timeout=600, env=env,
+                   cwd=root)
+    with open(f"{folder}-result.json") as f:
+        result = json.load(f)
+    if attach is not None:
+        attach.run_url = result["run_url"]
+    return reached("val_acc", result["accuracy"], 0.9, result["steps"])
+
+
+def ddp_bypass(attach, long):
+    """The DDP loop whose training forward calls the inner module (`ddp_model.module(x)`): no all-reduce follows
+    the backward, so each rank trains a model of its own on its half of the data."""
+    return ddp(attach, long, bypass=True)
+
+
 class ClearsBeforeStep(Classifier):
     """Manual optimisation as users write it, with optimizer.zero_grad() between the backward pass and the step."""
 
@@ -859,6 +893,9 @@ CASES: list[Case] = [
          catch=("training_relations",), tags=SILENT),
     Case("lightning", "index_ignored", index_ignored, fault="the dataset's __getitem__ ignores its index",
          catch=("training_relations",), cause=("training_relations", "loss_setup"), onset=1, tags=SILENT),
+    Case("torch", "ddp", ddp),
+    Case("torch", "ddp_bypass", ddp_bypass, fault="DDP forward through ddp_model.module: replicas drift apart",
+         catch=("training_relations",), tags=SILENT),
     Case("torch", "spectral_norm_classifier", spectral_norm_classifier),
     Case("torch", "spectral_norm_evaluated_first", spectral_norm_evaluated_first,
          fault="spectral_norm model evaluated before any training forward", catch=("first_evaluation",), tags=SILENT),
