@@ -298,6 +298,39 @@ def test_a_train_step_without_scale_loss_still_gives_every_sampled_loss(tmp_path
     assert steps.tolist() == list(range(43)) and np.isfinite(losses).all()
 
 
+class OwnOptimizer(keras.Sequential):
+    """An autoencoder whose train step applies an optimizer of its own, as a GAN's does: model.optimizer never
+    steps, and the data holds no labels."""
+
+    def train_step(self, x):
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((self(x, training=True) - x) ** 2)
+        self.own.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_a_train_step_with_an_optimizer_of_its_own_counts_its_steps_across_epochs(tmp_path, caplog):
+    keras.utils.set_random_seed(0)
+    model = OwnOptimizer([keras.Input((64,)), keras.layers.Dense(8), keras.layers.Dense(64)])
+    model.own = keras.optimizers.SGD(0.05)
+    model.compile()
+    cb = TripwireCallback({"collections": {"losses": {}, "labels": {}}, "sampling": {"every": 10}},
+                          out_dir=tmp_path / "run")
+    (xt, _), _ = helpers.digits()
+    error = lambda: float(keras.ops.mean((model(xt) - xt) ** 2))  # noqa: E731
+    before = error()
+    with caplog.at_level(logging.WARNING, logger="tripwire"):
+        model.fit(xt, epochs=3, batch_size=32, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    assert error() < 0.8 * before  # it learns
+    # 43 steps an epoch: each epoch's steps are its own, not the first epoch's again
+    assert int(model.optimizer.iterations) == 0 and run.steps() == list(range(0, 129, 10))
+    assert run.tensor("losses/train").steps() == list(range(129))
+    assert not [r for r in caplog.records if "labels" in r.getMessage()]  # no labels: nothing to say
+
+
 TRAINING_IMPORTS = """
 import sys, tempfile
 import numpy as np, keras

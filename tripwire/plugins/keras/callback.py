@@ -67,7 +67,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._recorder: Recorder | None = None
         self._capture: StepCapture | None = None  # kept across fits: its traced functions serve them all
         self._fit_model = None
-        self._base = 0
+        self._base = 0  # the global step of the epoch's first batch
+        self._epoch_iterations = 0  # the optimizer's step count when the epoch began
+        self._begun = 0  # steps begun in the epoch so far
         self._span = 1
         self._sampled: tuple = ()
         self._state = "finished"
@@ -99,7 +101,8 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.budget_of = self._recorder.tensor_budget
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
-        self._base = int(model.optimizer.iterations)
+        self._base = self._epoch_iterations = int(model.optimizer.iterations)
+        self._begun = 0
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
 
     def on_train_end(self, logs=None):
@@ -130,13 +133,22 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.budget_of = self._recorder.tensor_budget
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._base = int(self._fit_model.optimizer.iterations)
+        """The epoch's first step: the optimizer's step count, or, where it did not count the last epoch's steps (a
+        train_step that applies its own optimizers, as a GAN's does, leaves model.optimizer unused), the step after
+        the last epoch's, so that each epoch's steps are steps of their own."""
+        iterations = int(self._fit_model.optimizer.iterations)
+        if iterations == self._epoch_iterations and self._begun:
+            self._base += min(self._begun, self.params.get("steps") or self._begun)
+        else:
+            self._base = iterations
+        self._epoch_iterations, self._begun = iterations, 0
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch, logs=None):
         if self._alive is not None:
             self._alive()
         step = self._base + batch
+        self._begun = batch + self._span  # the epoch's steps begun so far (a short last call counted as a full one)
         collections = self._plan.at("train", step)
         if self._span > 1:  # one call runs several steps: sample it if any of them is scheduled
             for later in range(step + 1, step + self._span):

@@ -282,7 +282,8 @@ class StepCapture:
         x, y, _ = keras.utils.unpack_x_y_sample_weight(args[-1])
         if ops.is_tensor(x) and keras.backend.is_float_dtype(x.dtype):  # token ids are not measurements
             self.emit("inputs", "x", x)
-        self.emit("labels", "", y)
+        if y is not None:  # a model trained on inputs alone (a GAN, an autoencoder's custom step) has no labels
+            self.emit("labels", "", y)
         out = self._original_step(*args)
         if self._graph_out:  # TensorFlow graph tensors leave the compiled step with its logs
             out = {**out, LOGS_KEY: self._graph_out}
