@@ -5,8 +5,8 @@ token ids: a BERT-style sequence classifier (is token 5 in the row?) and a GPT-2
 repeating sequences. Each trains with the Trainer's defaults (AdamW, linear decay, gradient clipping at 1) on the
 CPU, one thread, fixed seeds, and reaches a target on held-out data. Transformers' `initializer_range` (0.02) is
 sized for widths of hundreds; these models are 32 wide, so they scale it to their width, as BERT-base's 0.02 is to
-768 (0.02 * sqrt(768 / 32) ~ 0.1): at 0.02 every kernel starts 25x below the variance standard initialisers give
-a 32-wide layer, which `poor_weight_initialization` reports.
+768 (0.02 * sqrt(768 / 32) ~ 0.1): at 0.02 every kernel starts 25x below the variance Glorot gives a 32-wide
+layer.
 
 Each faulty case is the classifier with one real bug: AdamW at learning rate 100, an encoder layer frozen by a
 freezing loop that reached the wrong index, one-hot labels scaled like pixels (float labels make the model switch

@@ -10,12 +10,18 @@ from .base import Requirement, Rule, learning_rates, of_roles, values_at
 from .optimizer import searching
 
 
+# The variance of the smallest fixed-scale initialiser in common use, normal(0, 0.01) (Caffe's and torchvision's
+# detection heads); BERT's and GPT's normal(0, 0.02) and Keras' RandomNormal() and RandomUniform() (0.05) lie above.
+# They ignore the fans: on a narrow layer they start far below Glorot, and shallow networks train from them.
+FIXED_SCALE = 1e-4
+
+
 def init_band(fan_in: int, fan_out: int | None) -> tuple[float, float]:
     """The weight variances the standard initialisers give a kernel with these fans: from the smallest of Glorot
-    (2 / (fan_in + fan_out)) and torch's default (1 / (3 fan_in)) to He's 2 / fan_in (LeCun's 1 / fan_in lies
-    between)."""
+    (2 / (fan_in + fan_out)), torch's default (1 / (3 fan_in)) and the fixed-scale initialisers (FIXED_SCALE) to
+    He's 2 / fan_in (LeCun's 1 / fan_in lies between)."""
     glorot = 2.0 / (fan_in + (fan_out or fan_in))
-    return min(glorot, 1.0 / (3 * fan_in)), 2.0 / fan_in
+    return min(glorot, 1.0 / (3 * fan_in), FIXED_SCALE), 2.0 / fan_in
 
 
 @dataclass
@@ -30,8 +36,10 @@ class PoorWeightInitialization(Rule):
     condition = ("at the first sample of the first `steps` steps, for each trainable kernel: all its weights are "
                  "equal (std 0: every unit computes the same; the output layer, which breaks the symmetry itself, "
                  "is left out), or its variance is more than `threshold` times above He's 2/fan_in or below the "
-                 "smaller of Glorot's 2/(fan_in+fan_out) and torch's 1/(3 fan_in) divided by `threshold`, with the "
-                 "layer's own fans (a grouped or depthwise convolution counted per group). Kernels whose output is "
+                 "smallest of Glorot's 2/(fan_in+fan_out), torch's 1/(3 fan_in) and the fixed-scale initialisers' "
+                 "1e-4 (normal(0, 0.01); BERT's 0.02 and Keras' RandomNormal() lie above) divided by `threshold`, "
+                 "with the layer's own fans (a grouped or depthwise convolution counted per group; the output layer, "
+                 "often started small or at 0 on purpose, is not judged too small). Kernels whose output is "
                  "normalised next are free of scale and judged for equal weights only; biases, normalisation "
                  "parameters and embedding tables are left out")
     hint = ("The initial weights are badly scaled or symmetric. Try: a random initialiser suited to the "
@@ -74,7 +82,7 @@ class PoorWeightInitialization(Rule):
             if p.scale_free:
                 continue
             low, high = init_band(p.fan_in, p.fan_out)
-            if var > high * self.threshold or var < low / self.threshold:
+            if var > high * self.threshold or (var < low / self.threshold and p.path != last):
                 side, bound = ("large", high) if var > high else ("small", low)
                 found.append(self.fire(
                     step, f"{name} ({p.layer_class}, fan-in {p.fan_in}) starts with weight variance {var:.3g}, "
