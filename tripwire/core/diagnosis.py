@@ -43,8 +43,9 @@ class Cause:
     explains: tuple = ()  # the kinds of verdict it can explain (a rule, or rule:side)
 
 
-# Ordered from the most fundamental cause to the plainest symptom: at the same step, the first listed leads (raw
-# inputs before the learning rate: their huge activations make any rate's steps look too large).
+# Ordered from the most fundamental cause to the plainest symptom: at the same step, the first listed leads (a loss
+# that cannot fit its labels before raw inputs, raw inputs before the learning rate: their huge activations make
+# any rate's steps look too large).
 CAUSES: dict[str, Cause] = {
     "training_relations:stale_gradients": Cause("gradients never cleared (zero_grad missing)",
                                                 _BLOWUP + ("learning_rate:high",)),
@@ -59,13 +60,15 @@ CAUSES: dict[str, Cause] = {
                                                                     "oscillating_loss")),
     "training_relations:replicas_differ": Cause("DDP replicas that drifted apart (each rank trains alone on its "
                                                 "share of the data)", ("overfit", "overtraining", "oscillating_loss")),
+    # a loss that cannot learn what it is given (a softmax over one unit, a bounded output short of its targets)
+    # is wrong whatever the inputs and the rate: it leads them
+    "loss_setup": Cause("output layer, loss and labels do not fit", _WRONG_LOSS + ("exploding_tensor",)),
     "input_not_normalized": Cause("inputs not normalised", _BLOWUP + ("learning_rate:high",)),
     "input_features:scales": Cause("features on scales far apart", _BLOWUP + ("learning_rate:high",
                                                                              "input_not_normalized")),
     "learning_rate:high": Cause("learning rate too high", _BLOWUP),
     "learning_rate:zero": Cause("learning rate 0", _NO_STEP),
     "learning_rate:low": Cause("learning rate too low", _NO_STEP),
-    "loss_setup": Cause("output layer, loss and labels do not fit", _WRONG_LOSS + ("exploding_tensor",)),
     "output_loss_mismatch": Cause("output layer and loss do not fit", _WRONG_LOSS),
     "class_imbalance:not_class_ids": Cause("labels that are not class ids", _WRONG_LOSS),
     "confusion:not_class_ids": Cause("labels that are not class ids", _WRONG_LOSS),

@@ -159,8 +159,8 @@ class TensorVariance(Rule):
     condition = ("a trainable kernel's variance (reduction var) is above `max_threshold` or below `min_threshold` "
                  "(or below a tenth of what the standard initialisations give its fans, where that is lower: a "
                  "layer with a fan-in of hundreds of thousands starts there); kernels whose output is normalised "
-                 "next (their scale does not matter), biases, normalisation parameters and embedding tables are "
-                 "left out; a regressor's output kernel (the last, under a regression loss) is not judged above: "
+                 "next (their scale does not matter), kernels of one weight (no spread), biases, normalisation "
+                 "parameters and embedding tables are left out; a regressor's output kernel (the last, under a regression loss) is not judged above: "
                  "its weights carry the targets' scale")
     hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
             "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
@@ -180,7 +180,7 @@ class TensorVariance(Rule):
         found = []
         for name, var in variances.items():
             parameter = model.of(name) if model is not None else None
-            if parameter is not None and parameter.scale_free:
+            if parameter is not None and (parameter.scale_free or parameter.size < 2):  # one weight: no spread
                 continue
             low = self.min_threshold
             if parameter is not None and parameter.fan_in:  # a wide layer starts below it by design

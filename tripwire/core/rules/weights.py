@@ -40,8 +40,8 @@ class PoorWeightInitialization(Rule):
                  "1e-4 (normal(0, 0.01); BERT's 0.02 and Keras' RandomNormal() lie above) divided by `threshold`, "
                  "with the layer's own fans (a grouped or depthwise convolution counted per group; the output layer, "
                  "often started small or at 0 on purpose, is not judged too small). Kernels whose output is "
-                 "normalised next are free of scale and judged for equal weights only; biases, normalisation "
-                 "parameters and embedding tables are left out")
+                 "normalised next are free of scale and judged for equal weights only; kernels of one weight, "
+                 "biases, normalisation parameters and embedding tables are left out")
     hint = ("The initial weights are badly scaled or symmetric. Try: a random initialiser suited to the "
             "activation (He/Kaiming for ReLU, Glorot/Xavier for tanh/sigmoid) for every layer, no constant "
             "initialisation of weights (biases may be 0), and normalisation layers.")
@@ -70,7 +70,7 @@ class PoorWeightInitialization(Rule):
         found = []
         for name, var in variances.items():
             p = model.of(name)
-            if p is None or p.fan_in is None:
+            if p is None or p.fan_in is None or p.size < 2:  # one weight has no spread: equal to itself, variance 0
                 continue
             if stds.get(name) == 0 or var == 0:
                 if p.path == last:  # the output layer's units differ by their error: zero is a common start
