@@ -436,3 +436,27 @@ def test_input_features_names_a_feature_on_another_scale_from_the_first_batch_al
     assert verdict.step == 0 and verdict.evidence["largest"] == 5
     inputs = run.tensor("inputs/x")
     assert inputs.steps(tensors=True) == [0] and inputs.steps()[:3] == [0, 10, 20]
+
+
+@pytest.mark.parametrize("ids", [False, True], ids=["pixels", "ids"])
+def test_integer_inputs_are_measurements_unless_a_layer_reads_them_as_ids(tmp_path, ids):
+    """uint8 pixels (the digits as 0..255) fed straight to Dense layers, which cast them: input_not_normalized
+    judges them as any raw pixels. The same integers read by an Embedding are ids: not captured."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x * 255 / 16).astype("uint8")
+    keras.utils.set_random_seed(0)
+    reader = [keras.layers.Embedding(256, 4), keras.layers.Flatten()] if ids else []
+    model = keras.Sequential([keras.Input((64,), dtype="uint8"), *reader, keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    config = {"sampling": {"every": 10}, "rules": [{"rule": "input_not_normalized"}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    if ids:
+        assert "inputs/x" not in run.tensor_names() and fired(cb.run_url) == {}
+    else:
+        verdict = fired(cb.run_url)["input_not_normalized"]
+        assert verdict.step == 20 and "values from 0 to 255" in verdict.message

@@ -23,8 +23,9 @@ class InputNotNormalized(Rule):
 
     name = "input_not_normalized"
     limits = {"samples": COUNT}
-    condition = ("over the newest `samples` sampled batches of float inputs (collection `inputs`; integer inputs "
-                 "such as token ids are not captured), pooled: values outside [-1, 1] (data scaled to [0, 1] or "
+    condition = ("over the newest `samples` sampled batches of the inputs (collection `inputs`: float inputs, "
+                 "and Keras' integer inputs where no layer reads them as ids, such as uint8 pixels; token ids are "
+                 "not captured), pooled: values outside [-1, 1] (data scaled to [0, 1] or "
                  "[-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard deviation above "
                  "`max_std`")
     hint = ("The inputs are not normalised, so early layers see badly scaled values (saturation, huge gradients, "

@@ -63,6 +63,9 @@ IN_STEP = frozenset({"losses", "weights", "biases", "gradients", "updates", "opt
                      "labels", "predictions", "custom"})
 SCALARS_IN_STEP = frozenset({"losses", "optimizer"})  # cheap enough to get from a capture function of their own
 LOGS_KEY = "__tripwire__"
+# layers that read integer inputs as ids (a token, a category), not as measurements
+ID_LAYERS = (keras.layers.Embedding, keras.layers.IntegerLookup, keras.layers.StringLookup,
+             keras.layers.CategoryEncoding, keras.layers.Hashing, keras.layers.TextVectorization)
 OPTIMIZER_CONSTANTS = {"momentum": "momentum", "beta1": "beta_1", "weight_decay": "weight_decay"}
 
 
@@ -120,6 +123,8 @@ class StepCapture:
         self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
         self._warned: set = set()
         self.keras_function = keras_function_of(model)
+        # integer inputs are ids where a layer looks them up (token ids are not measurements), else measurements
+        self._reads_ids = any(isinstance(layer, ID_LAYERS) for layer in model._flatten_layers())
         # what runs the unsampled steps of a fit in place of Keras' function, where tf_step covers the model
         self._unsampled = UnsampledSteps(model, self.keras_function) if covers(model) else None
 
@@ -280,8 +285,10 @@ class StepCapture:
 
             self._graph = tf.compat.v1.get_default_graph()
         x, y, _ = keras.utils.unpack_x_y_sample_weight(args[-1])
-        if ops.is_tensor(x) and keras.backend.is_float_dtype(x.dtype):  # token ids are not measurements
+        if ops.is_tensor(x) and keras.backend.is_float_dtype(x.dtype):
             self.emit("inputs", "x", x)
+        elif ops.is_tensor(x) and keras.backend.is_int_dtype(x.dtype) and not self._reads_ids:
+            self.emit("inputs", "x", ops.cast(x, "float32"))  # uint8 pixels, counts: the first layer casts them
         if y is not None:  # a model trained on inputs alone (a GAN, an autoencoder's custom step) has no labels
             self.emit("labels", "", y)
         out = self._original_step(*args)
