@@ -25,7 +25,9 @@ class LossSetup(Rule):
     condition = ("at the first step, for each loss the training step used: a softmax over one unit feeds it (error: "
                  "the output is always 1, nothing learns); a softmax or sigmoid output feeds a loss that applies it "
                  "again (CrossEntropyLoss, BCEWithLogitsLoss, from_logits=True); an output that is not probabilities "
-                 "(linear, ReLU, tanh) feeds a loss that reads probabilities (from_logits=False, BCELoss); an output "
+                 "(linear, ReLU, tanh) feeds a loss that reads probabilities (from_logits=False, BCELoss); a "
+                 "sigmoid over several units feeds a categorical loss on probabilities (the classes do not "
+                 "compete: a softmax was meant); an output "
                  "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
@@ -86,6 +88,13 @@ def _problems(use):
                     f"is {'raw logits' if output == 'linear' else f'a {output}'}: the loss clips it and computes "
                     "something else. Pass from_logits=True (or use BCEWithLogitsLoss / CrossEntropyLoss), or put a "
                     "softmax/sigmoid on the output."))
+    elif use.reads == "probabilities" and output == "sigmoid" and use.kind == "categorical" and \
+            (use.units or 0) >= 2:
+        out.append(("sigmoid_for_classes", "warning", f"the output is a sigmoid over {use.units} units, whose "
+                    "values do not sum to 1, and the loss reads them as one distribution over the classes (divided "
+                    "by their sum, or clipped): the classes do not compete, and the model learns something else. "
+                    "Use a softmax on the output (or from_logits=True on the raw output); a sigmoid with binary "
+                    "cross-entropy is for labels that can be true together."))
     elif use.reads == "log_probabilities" and output in ("softmax", "sigmoid", "linear"):
         out.append(("not_log_probabilities", "warning", f"the loss reads log-probabilities, but the output is "
                     f"{'raw logits' if output == 'linear' else f'a {output}'}. Use log_softmax on the output, or "
