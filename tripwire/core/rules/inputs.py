@@ -23,11 +23,11 @@ class InputNotNormalized(Rule):
 
     name = "input_not_normalized"
     limits = {"samples": COUNT}
-    condition = ("over the newest `samples` sampled batches of the inputs (collection `inputs`: float inputs, "
-                 "and Keras' integer inputs where no layer reads them as ids, such as uint8 pixels; token ids are "
-                 "not captured), pooled: values outside [-1, 1] (data scaled to [0, 1] or "
-                 "[-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard deviation above "
-                 "`max_std`")
+    condition = ("over the newest `samples` sampled batches of the inputs, the first `samples` steps' first "
+                 "(collection `inputs`: float inputs, and Keras' integer inputs where no layer reads them as ids, "
+                 "such as uint8 pixels; token ids are not captured), pooled: values outside [-1, 1] (data scaled "
+                 "to [0, 1] or [-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard "
+                 "deviation above `max_std`")
     hint = ("The inputs are not normalised, so early layers see badly scaled values (saturation, huge gradients, "
             "slow training). Try: standardise each feature with the training set's mean and std, or scale images "
             "to [0, 1] (divide by 255) and then normalise per channel; make sure the same transform is applied at "
@@ -42,7 +42,8 @@ class InputNotNormalized(Rule):
         return self.samples
 
     def requires(self):
-        return [Requirement("inputs", STATISTICS)]
+        # the first batches too, where raw inputs first show: a run of a few dozen steps is judged as well
+        return [Requirement("inputs", STATISTICS, steps=tuple(range(self.samples)))]
 
     def check(self, run, step):
         found = []
