@@ -201,6 +201,18 @@ def test_poor_weight_initialization(tmp_path, fault):
         assert f"too {side} for its layer" in v.message and "fan-in 32" in v.message
 
 
+@pytest.mark.parametrize("inputs", [2, 64])
+def test_tensor_variance_lets_a_layer_of_a_few_inputs_have_large_weights(tmp_path, inputs):
+    """Weights of std 4 (variance 16, above 10): a layer that sums two inputs needs weights that large to saturate
+    its units (100x He's 2/2 is its bound); one that sums 64 does not (10 is)."""
+    def init(net):
+        torch.nn.init.normal_(net[2].weight, std=4.0)
+
+    found = verdicts("tensor_variance", helpers.mlp_module(hidden=(inputs, 16), init=init), every=10,
+                     out_dir=tmp_path / "run", max_epochs=1)
+    assert [v.finding for v in found if v.fired] == ([] if inputs == 2 else ["weights/net.2.weight:above"])
+
+
 def test_poor_weight_initialization_judges_each_kernel_by_its_own_layer(tmp_path):
     """Layers of very different widths, each at its framework's default initialisation, and a kernel followed by
     BatchNorm initialised 1000x too small (its scale does not matter): nothing to report. Only the weights' std and

@@ -158,7 +158,8 @@ class TensorVariance(Rule):
     name = "tensor_variance"
     condition = ("a trainable kernel's variance (reduction var) is above `max_threshold` or below `min_threshold` "
                  "(or below a tenth of what the standard initialisations give its fans, where that is lower: a "
-                 "layer with a fan-in of hundreds of thousands starts there); kernels whose output is normalised "
+                 "layer with a fan-in of hundreds of thousands starts there; above 100 times He's 2/fan_in, where "
+                 "that is higher: a layer of a few inputs needs large weights); kernels whose output is normalised "
                  "next (their scale does not matter), kernels of one weight (no spread), biases, normalisation "
                  "parameters and embedding tables are left out; a regressor's output kernel (the last, under a regression loss) is not judged above: "
                  "its weights carry the targets' scale")
@@ -182,16 +183,22 @@ class TensorVariance(Rule):
             parameter = model.of(name) if model is not None else None
             if parameter is not None and (parameter.scale_free or parameter.size < 2):  # one weight: no spread
                 continue
-            low = self.min_threshold
-            if parameter is not None and parameter.fan_in:  # a wide layer starts below it by design
-                low = min(low, init_band(parameter.fan_in, parameter.fan_out)[0] / 10)
-            above = var > self.max_threshold and (parameter is None or parameter.path != output)
+            low, high = self.min_threshold, self.max_threshold
+            if parameter is not None and parameter.fan_in:  # a wide layer starts below it by design, a layer of
+                band = init_band(parameter.fan_in, parameter.fan_out)  # a few inputs sums few: large weights
+                low, high = min(low, band[0] / 10), max(high, band[1] * FEW_INPUTS)
+            above = var > high and (parameter is None or parameter.path != output)
             if above or var < low:
                 side = "above" if above else "below"
-                bound = self.max_threshold if side == "above" else low
+                bound = high if side == "above" else low
                 found.append(self.fire(step, f"{name} has variance {var:.3g}, {side} {bound:g}.",
                                        finding=f"{name}:{side}", tensor=name, variance=var))
         return found or None
+
+
+# How far above He's variance (2 / fan_in) a trained kernel may grow: a layer that sums a few inputs (XOR's two)
+# needs weights of several units to saturate its activation; above 20 inputs `max_threshold` is the larger.
+FEW_INPUTS = 100
 
 
 def _regression_output(run) -> str | None:
