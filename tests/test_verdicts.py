@@ -293,3 +293,20 @@ def test_labels_shuffled_apart_from_a_model_that_cannot_memorise_them_leave_a_lo
     helpers.fit(callback, helpers.mlp_module(lr=0.05), max_epochs=8, loaders=shuffled_loaders())
     (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.counts]
     assert (verdict.rule, verdict.finding) == ("loss_not_decreasing", "stuck") and "labels" in verdict.hint
+
+
+@pytest.mark.parametrize("loss, fires", [(0.5, True), (1e-5, False)])
+def test_zero_gradients_of_a_model_that_fits_its_data_exactly_are_convergence(loss, fires):
+    """A sigmoid output driven to its targets exactly passes back gradients that round to 0: once the training loss
+    is below a thousandth of its first value, all_zero leaves gradients alone and weight_update_ratio does not call
+    the steps too small; before that, both are faults."""
+    from tripwire.core.rules.tensors import AllZero
+    from tripwire.core.rules.weights import WeightUpdateRatio
+
+    history, zero, ratio = History(8), AllZero(), WeightUpdateRatio()
+    for step, value in ((0, 1.0), (1, loss), (2, loss)):
+        history.add(0, "train", step, {"losses/train": {"value": value},
+                                      "gradients/w": {"zero_fraction": 1.0 if step else 0.0},
+                                      "updates/w": {"l2": 1e-12 if step else 1e-3}, "weights/w": {"l2": 1.0}})
+        found = [zero.check(history.at(step, "train", 0), step), ratio.check(history.at(step, "train", 0), step)]
+    assert [bool(f) for f in found] == [fires, fires]

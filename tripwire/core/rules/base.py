@@ -216,3 +216,17 @@ def reductions_at(run, step: int, collections=(), regex: str = "") -> dict[str, 
         pattern = re.compile(regex)
         out = {name: values for name, values in out.items() if pattern.search(name)}
     return out
+
+
+def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
+    """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker):
+    a model that has learned, whose small or zero gradients are convergence, not a fault. False where the run holds
+    no training loss."""
+    if "losses/train" not in run.tensor_names("losses"):
+        return False
+    steps, values = run.tensor("losses/train").tail(None, 1)
+    if not steps or steps[-1] > step:
+        return False
+    loss = values[-1]
+    initial = first.setdefault(run.default_worker, loss)
+    return abs(loss) < share * abs(initial)

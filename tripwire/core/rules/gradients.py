@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..firststep import task_of
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, held, of_roles, values_at
+from .base import Requirement, Rule, held, loss_fell_below, of_roles, values_at
 
 
 @dataclass
@@ -47,7 +47,7 @@ class VanishingGradient(Rule):
         return [Requirement("gradients", ("abs_mean",)), Requirement("losses", optional=True)]
 
     def check(self, run, step):
-        if _learned(run, step, self._first_loss, self.learned):
+        if loss_fell_below(run, step, self._first_loss, self.learned):
             return None
         means = of_roles(run, values_at(run, step, "abs_mean", ["gradients"]), KERNEL_ROLES)
         if len(means) < 2:
@@ -147,19 +147,6 @@ def _saturating_hint(model) -> str:
             "0.25), and a stack of them multiplies it away before it reaches the first layers. Try: ReLU or GELU "
             "in the hidden layers (keep a sigmoid only at the output), a normalisation after each layer, or "
             "residual connections.")
-
-
-def _learned(run, step: int, first: dict, share: float) -> bool:
-    """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker);
-    False where the run holds no training loss."""
-    if "losses/train" not in run.tensor_names("losses"):
-        return False
-    steps, values = run.tensor("losses/train").tail(None, 1)
-    if not steps or steps[-1] > step:
-        return False
-    loss = values[-1]
-    initial = first.setdefault(run.default_worker, loss)
-    return abs(loss) < share * abs(initial)
 
 
 def _by_layer(run, values: dict) -> dict[str, list]:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..firststep import task_of
-from ..ranges import PERCENT, Range
+from ..ranges import PERCENT, SHARE, Range
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
-from .base import Requirement, Rule, of_roles, reductions_at, values_at
+from .base import Requirement, Rule, loss_fell_below, of_roles, reductions_at, values_at
 from .origins import ORIGIN, origin_of
 from .weights import init_band
 
@@ -120,23 +120,35 @@ class AllZero(Rule):
     threshold: float = 100.0  # percent of elements
     collections: list = field(default_factory=lambda: ["weights", "gradients"])
     regex: str = ""
+    fitted: float = 1e-3  # gradients are not judged once the training loss is below this share of its first value
 
     name = "all_zero"
-    limits = {"threshold": PERCENT}
+    limits = {"threshold": PERCENT, "fitted": SHARE}
     condition = ("at least `threshold` % of the elements of a trainable kernel's weights or gradients are exactly "
                  "zero (reduction zero_fraction); biases, normalisation shifts and embedding tables, which may be "
-                 "zero by design or sparse, are left out")
+                 "zero by design or sparse, are left out, and gradients once the training loss is below `fitted` "
+                 "times its first value (a model that fits its data exactly, its output saturated, has nothing "
+                 "left to learn)")
     hint = ("A tensor is all zeros. Weights: zero initialisation (every unit computes the same thing and gets "
             "the same update). Gradients: nothing flows back (dead units, detached graph, a loss that does not "
             "depend on the parameter). Activations (add them to `collections`): dead units or an input of "
             "zeros. Try: a random initialiser (He/Glorot), check the forward pass and what the loss depends on.")
     source = "smdebug AllZero: threshold 100 (percent); collections to check must be named (here a default set)."
 
+    def __post_init__(self):
+        self._first_loss: dict = {}  # worker -> the first training loss seen
+
     def requires(self):
-        return [Requirement(c, ("zero_fraction",)) for c in self.collections]
+        return [Requirement(c, ("zero_fraction",)) for c in self.collections] + \
+            [Requirement("losses", optional=True)]
 
     def check(self, run, step):
-        fractions = of_roles(run, values_at(run, step, "zero_fraction", self.collections, self.regex), KERNEL_ROLES)
+        collections = self.collections
+        if "gradients" in collections and loss_fell_below(run, step, self._first_loss, self.fitted):
+            collections = [c for c in collections if c != "gradients"]
+            if not collections:
+                return None
+        fractions = of_roles(run, values_at(run, step, "zero_fraction", collections, self.regex), KERNEL_ROLES)
         zero = {n: v for n, v in fractions.items() if v * 100 >= self.threshold}
         if not zero:
             return None
@@ -161,8 +173,8 @@ class TensorVariance(Rule):
                  "layer with a fan-in of hundreds of thousands starts there; above 100 times He's 2/fan_in, where "
                  "that is higher: a layer of a few inputs needs large weights); kernels whose output is normalised "
                  "next (their scale does not matter), kernels of one weight (no spread), biases, normalisation "
-                 "parameters and embedding tables are left out; a regressor's output kernel (the last, under a regression loss) is not judged above: "
-                 "its weights carry the targets' scale")
+                 "parameters and embedding tables are left out; a regressor's output kernel (the last, under a "
+                 "regression loss) is not judged above: its weights carry the targets' scale")
     hint = ("Weight variance out of range. Too large: initialisation too wide or weights growing without bound "
             "(learning rate too high, no weight decay). Too small: weights collapsed (too much weight decay, "
             "constant initialisation) so the layer cannot tell inputs apart. Try: He/Glorot initialisation, a "

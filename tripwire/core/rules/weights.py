@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ranges import COUNT, POSITIVE, Range
+from ..ranges import COUNT, POSITIVE, SHARE, Range
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, learning_rates, of_roles, values_at
+from .base import Requirement, Rule, learning_rates, loss_fell_below, of_roles, values_at
 from .optimizer import searching
 
 
@@ -99,13 +99,16 @@ class WeightUpdateRatio(Rule):
     large_threshold: float = 10.0
     small_threshold: float = 1e-8
     patience: int = 2
+    fitted: float = 1e-3  # not judged too small once the training loss is below this share of its first value
 
     name = "weight_update_ratio"
-    limits = {"large_threshold": POSITIVE, "patience": COUNT}
+    limits = {"large_threshold": POSITIVE, "patience": COUNT, "fitted": SHARE}
     condition = ("for a trainable kernel, ‖update‖ / ‖weight‖ over one optimizer step (the `updates` collection) "
                  "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
                  "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
-                 "rate is 0 (the start of a warmup); a parameter no optimizer stepped has no update; not judged for "
+                 "rate is 0 (the start of a warmup); not too small once the training loss is below `fitted` times "
+                 "its first value (a model that fits its data exactly has nothing left to learn); a parameter no "
+                 "optimizer stepped has no update; not judged for "
                  "an optimizer that searches within its step (LBFGS: a step may rewrite the weights, and once "
                  "converged leaves them as they are)")
     hint = ("Too large: each step rewrites the weights (learning rate too high, exploding gradients): lower the "
@@ -115,13 +118,18 @@ class WeightUpdateRatio(Rule):
     source = ("smdebug WeightUpdateRatio: large_threshold 10, small_threshold 1e-8; here on kernels only, over "
               "`patience` samples, and undefined where the weight norm or the learning rate is 0.")
 
+    def __post_init__(self):
+        self._first_loss: dict = {}  # worker -> the first training loss seen
+
     def requires(self):
-        return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",)), Requirement("optimizer", optional=True)]
+        return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",)),
+                Requirement("optimizer", optional=True), Requirement("losses", optional=True)]
 
     def check(self, run, step):
         rates = learning_rates(run, step)
         if (rates is not None and not any(rates)) or searching(run):
             return None
+        fitted = loss_fell_below(run, step, self._first_loss, self.fitted)
         updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
         found = []
         for name in updates:
@@ -131,7 +139,7 @@ class WeightUpdateRatio(Rule):
                 continue
             last = [r for _, r in ratios[-self.patience:]]
             for side, beyond in (("large", all(r > self.large_threshold for r in last)),
-                                 ("small", all(r < self.small_threshold for r in last))):
+                                 ("small", not fitted and all(r < self.small_threshold for r in last))):
                 if beyond:
                     found.append(self.fire(step, f"{name}: ‖update‖/‖weight‖ = {last[-1]:.3g}, too {side} (allowed "
                                                  f"{self.small_threshold:g} to {self.large_threshold:g}) at "
