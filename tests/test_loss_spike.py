@@ -92,6 +92,11 @@ def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
     noise = np.random.default_rng(0).normal(0, 0.05, 2000)
     assert stream_fires(np.linspace(0.7, 3.0, 2000) + noise) == []  # a GAN generator's loss as its critic wins
     assert stream_fires(np.r_[np.zeros(200), np.full(50, 1e-9)]) == []  # a problem fit exactly
+    # fit exactly, one sample per step: a few samples' losses of 0.03 around 1e-7 are noise, not a state to undo
+    fitted = np.abs(noise[:300]) * 1e-6
+    fitted[250:256] = 0.03
+    assert stream_fires(np.r_[0.5 + noise[:40], fitted]) == []
+    assert stream_fires(np.r_[0.5 + noise[:40], 0.1 + noise[:200] / 10, np.full(6, 0.5)]) == [244]  # not yet fit
     assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [204]  # a jump that stays
     assert stream_fires(np.r_[1.0 + noise[:200], 1.5, 1.5, 1.5, 1.0 + noise[:20]]) == []  # shorter than patience
 

@@ -30,7 +30,8 @@ class LossSpike(Rule):
                  "sample; the probe and the Trainer: every step; Keras: every step's own loss, told from the change "
                  "of the epoch's running mean it logs), against the `window` finite losses before it (at least 20): "
                  "above their median by `threshold` robust standard deviations and by `ratio` of the median, "
-                 "`patience` steps in a row. "
+                 "`patience` steps in a row; not once that median is below a thousandth of the first losses' (a "
+                 "model that fits its data exactly, where one sample's loss is noise around 0). "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
                  "`patience` is reached, naming the step it began")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "
@@ -64,6 +65,7 @@ class SpikeWatch:
 
     MIN_SEEN = 20
     REFRESH = 10
+    FITTED = 1e-3  # a recent level below this share of the first one: the data fit exactly, not judged
 
     def __init__(self, window: int, threshold: float, ratio: float, patience: int):
         self.window, self.threshold, self.ratio, self.patience = int(window), threshold, ratio, int(patience)
@@ -72,6 +74,7 @@ class SpikeWatch:
         self._level = 0.0
         self._since_refresh = 0
         self._high: list = []  # (step, value) of the high losses in a row so far
+        self._first_level: float | None = None  # the median of the first MIN_SEEN losses
 
     def see(self, step: int, value: float) -> dict | None:
         if not math.isfinite(value):
@@ -94,5 +97,10 @@ class SpikeWatch:
         level = float(np.median(recent))
         spread = 1.4826 * float(np.median(np.abs(recent - level)))
         self._level, self._since_refresh = level, 0
+        if self._first_level is None:
+            self._first_level = level
+        if abs(level) < self.FITTED * abs(self._first_level):  # a model that fits its data exactly: what is left
+            self._limit = math.inf  # is one sample's noise around 0, no state to roll back from
+            return
         # above both margins; and above a floor, for a loss that has settled at exactly 0 (a problem fit perfectly)
         self._limit = level + max(self.threshold * spread, (self.ratio - 1) * abs(level), 1e-6)
