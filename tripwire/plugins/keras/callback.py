@@ -160,9 +160,7 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
-                own = self._keep_loss(self._base + batch, batch, logs)
-                if own is not None:
-                    self._recorder.scalars(self._base + batch, "train", {"losses/train": {"value": own}})
+                self._keep_loss(self._base + batch, batch, logs, taken=False)
                 decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
                 if decision is not None:
                     self._decide(decision, self._base + batch)
@@ -173,7 +171,8 @@ class TripwireCallback(keras.callbacks.Callback):
             batch = min(batch, self.params["steps"] - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
-        own = self._keep_loss(step, batch, logs)
+        # the step's own loss is in the sample where the train step handed it over, or where `losses` is sampled
+        own = self._keep_loss(step, batch, logs, taken="losses/train" in values or "losses" in plans)
         if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
             self._looked = True
             self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
@@ -185,22 +184,24 @@ class TripwireCallback(keras.callbacks.Callback):
                 values["losses/train"] = {"value": own if own is not None else float(value)}
             elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
                 values[f"metrics/{key}"] = {"value": float(value)}
-        if own is not None and "losses/train" not in values:  # a step sampled for other collections
-            self._recorder.scalars(step, "train", {"losses/train": {"value": own}})
         self._decide(self._recorder.record(step, "train", values, tensors), step)
 
-    def _keep_loss(self, step: int, batch: int, logs) -> float | None:
+    def _keep_loss(self, step: int, batch: int, logs, taken: bool) -> float | None:
         """The loss Keras logs (the mean over the epoch so far, on the host at every step) as `metrics/loss`, at
         every step: a curve of the whole run for free. Returns the step's own loss told from it (StepLosses)
-        where the config keeps losses: stored as `losses/train` where the train step's own was not taken, so
-        that loss_spike judges every step. Stored, not judged (Recorder.scalars): the loss rules read the
-        sampled steps."""
+        where the config keeps losses, stored as `losses/train` unless the sample holds it (`taken`), so that
+        loss_spike judges every step. Stored, not judged (Recorder.scalars): the loss rules read the sampled
+        steps. One queued sample."""
         loss = (logs or {}).get("loss")
         if loss is None or np.ndim(loss) != 0:
             return None
-        if self._log_loss:
-            self._recorder.scalars(step, "train", {"metrics/loss": {"value": float(loss)}})
-        return self._step_losses.see(batch, loss) if self._step_losses is not None else None
+        own = self._step_losses.see(batch, loss) if self._step_losses is not None else None
+        values = {"metrics/loss": {"value": float(loss)}} if self._log_loss else {}
+        if own is not None and not taken:
+            values["losses/train"] = {"value": own}
+        if values:
+            self._recorder.scalars(step, "train", values)
+        return own
 
     def save_tensor(self, name: str, tensor) -> None:
         """Capture a tensor of your own as `custom/<name>` at sampled steps, if the `custom` collection is on.
