@@ -22,9 +22,9 @@ def table(raw_column: bool):
     return torch.tensor(x), torch.tensor(y, dtype=torch.long)
 
 
-def train_with_probe(out, x, y, steps=30):
+def train_with_probe(out, x, y, steps=30, first=()):
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    net = torch.nn.Sequential(*first, torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
     with TripwireProbe(net, optimizer, CONFIG, out_dir=out) as probe:
         for step in range(steps):
@@ -68,3 +68,12 @@ def test_lightning_names_the_feature_on_another_scale(tmp_path):
     (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.finding == "inputs/x:scales"]
     assert verdict.rule == "input_features" and verdict.evidence["largest"] == 5
     assert verdict.evidence["ratio"] > 1000
+
+
+def test_a_model_whose_first_layer_normalises_each_feature_is_not_judged(tmp_path):
+    """A BatchNorm as the first layer standardises each feature itself: the raw column is the model's business."""
+    x, y = table(raw_column=True)
+    run = train_with_probe(tmp_path / "run", x, y, first=(torch.nn.BatchNorm1d(64),))
+    assert run.model.inputs_scaled == "BatchNorm1d"
+    (verdict,) = run.verdicts()
+    assert verdict.status == "no_data" and "(BatchNorm1d) rescales or normalises the inputs" in verdict.message

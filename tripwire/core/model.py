@@ -74,12 +74,16 @@ class ModelInfo:
     activations: {the path of a layer whose output is captured as an activation: the path of the layer with
     parameters whose output it takes} (a ReLU module after a Linear; a Dense layer with its own activation is its
     own), so that a verdict about an activation can name the layer and the parameters behind it.
-    optimizers: the class names of the optimizers that train it (`SGD`, `AdamW`), in the framework's order."""
+    optimizers: the class names of the optimizers that train it (`SGD`, `AdamW`), in the framework's order.
+    inputs_scaled: the class of the model's first layer where it rescales or normalises the inputs itself
+    (Keras' `Rescaling(1/255)` or `Normalization`, a BatchNorm first), so that their raw scale is the model's
+    business; "" where it does not, or where that is not known."""
 
     name: str = ""
     parameters: dict = field(default_factory=dict)  # path -> Parameter
     activations: dict = field(default_factory=dict)  # activation layer path -> the layer it takes its input from
     optimizers: tuple = ()
+    inputs_scaled: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "_order", {p: i for i, p in enumerate(self.parameters)})
@@ -103,7 +107,8 @@ class ModelInfo:
     def to_dict(self) -> dict:
         return {"name": self.name, "parameters": [{**asdict(p), "shape": list(p.shape)}
                                                   for p in self.parameters.values()],
-                "activations": dict(self.activations), "optimizers": list(self.optimizers)}
+                "activations": dict(self.activations), "optimizers": list(self.optimizers),
+                "inputs_scaled": self.inputs_scaled}
 
     @classmethod
     def from_dict(cls, data) -> ModelInfo | None:
@@ -129,7 +134,9 @@ class ModelInfo:
             activations = {}
         optimizers = data.get("optimizers", [])
         optimizers = tuple(o for o in optimizers if isinstance(o, str)) if isinstance(optimizers, list) else ()
-        return cls(str(data.get("name", "")), parameters, activations, optimizers)
+        scaled = data.get("inputs_scaled", "")
+        return cls(str(data.get("name", "")), parameters, activations, optimizers,
+                   scaled if isinstance(scaled, str) else "")
 
 
 def role_of(model: ModelInfo | None, tensor: str) -> str:

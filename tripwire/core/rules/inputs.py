@@ -8,9 +8,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ranges import COUNT, Range
-from .base import Requirement, Rule
+from .base import NotApplicable, Requirement, Rule
 
 STATISTICS = ("mean", "std", "min", "max")
+
+
+def scaled_by_model(run, per_feature: bool = False) -> None:
+    """Raise NotApplicable where the model's first layer rescales or normalises the inputs itself (Keras'
+    Rescaling(1/255) or Normalization, a BatchNorm first): their raw scale is then what the model expects.
+    per_feature: only a layer that normalises each feature counts (Rescaling scales them all alike)."""
+    scaled = run.model.inputs_scaled if run.model is not None else ""
+    if scaled and not (per_feature and scaled == "Rescaling"):
+        raise NotApplicable(f"the model's first layer ({scaled}) rescales or normalises the inputs itself")
 
 
 @dataclass
@@ -27,7 +36,8 @@ class InputNotNormalized(Rule):
                  "(collection `inputs`: float inputs, and Keras' integer inputs where no layer reads them as ids, "
                  "such as uint8 pixels; token ids are not captured), pooled: values outside [-1, 1] (data scaled "
                  "to [0, 1] or [-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard "
-                 "deviation above `max_std`")
+                 "deviation above `max_std`. Not judged where the model's first layer rescales or normalises the "
+                 "inputs itself (Keras' Rescaling(1/255) or Normalization, a BatchNorm first)")
     hint = ("The inputs are not normalised, so early layers see badly scaled values (saturation, huge gradients, "
             "slow training). Try: standardise each feature with the training set's mean and std, or scale images "
             "to [0, 1] (divide by 255) and then normalise per channel; make sure the same transform is applied at "
@@ -46,6 +56,7 @@ class InputNotNormalized(Rule):
         return [Requirement("inputs", STATISTICS, steps=tuple(range(self.samples)))]
 
     def check(self, run, step):
+        scaled_by_model(run)
         found = []
         for name in run.tensor_names("inputs", step=step):
             tensor = run.tensor(name)
@@ -84,7 +95,8 @@ class InputFeatures(Rule):
     condition = ("at the first step, for each float input of samples x features (collection `inputs`, the first "
                  "batch saved whole): the largest feature's magnitude (its max |x| over the batch) is more than "
                  "`max_ratio` times the smallest non-zero one (warning, finding `<input>:scales`); features that "
-                 "hold one value across the batch (info, finding `<input>:constant`)")
+                 "hold one value across the batch (info, finding `<input>:constant`). Not judged where the model's "
+                 "first layer normalises each feature itself (Keras' Normalization, a BatchNorm first)")
     hint = ("The features are on very different scales, so the large ones dominate the first layer's sums and "
             "its gradients while the small ones barely move it. Try: standardise each feature with the training "
             "set's mean and std (sklearn's StandardScaler, keras.layers.Normalization adapted to the training "
@@ -101,6 +113,7 @@ class InputFeatures(Rule):
         return [Requirement("inputs", save_tensors=True, steps=(0,), optional=True)]
 
     def check(self, run, step):
+        scaled_by_model(run, per_feature=True)
         found = []
         for name in run.tensor_names("inputs"):
             tensor = run.tensor(name)

@@ -176,4 +176,22 @@ def describe(model) -> ModelInfo:
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed precision, a LossScaleOptimizer
     return ModelInfo(model.name, parameters, _activation_inputs(model),
-                     (type(optimizer).__name__,) if optimizer is not None else ())
+                     (type(optimizer).__name__,) if optimizer is not None else (), _inputs_scaled(model))
+
+
+# Layers that rescale or normalise what they are given; and layers that only move, crop or augment it, which may
+# come before (keras.io's image models: augmentation, then Rescaling(1/255))
+_SCALING = _NORM + _classes("Rescaling", "Normalization")
+_SHAPING = _classes("InputLayer", "Reshape", "Flatten", "Permute", "Resizing", "CenterCrop", "Cropping1D",
+                    "Cropping2D", "Cropping3D", "ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D", "RandomFlip",
+                    "RandomRotation", "RandomZoom", "RandomTranslation", "RandomCrop", "RandomContrast",
+                    "RandomBrightness")
+
+
+def _inputs_scaled(model) -> str:
+    """The class of the first layer that does more than move its input, where it rescales or normalises it."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, (keras.Model, *_SHAPING)):
+            continue
+        return type(layer).__name__ if isinstance(layer, _SCALING) else ""
+    return ""

@@ -139,8 +139,9 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
                                          followed_by=followers.get(layer))
             first.setdefault(id(param), path)
     classes = tuple(type(getattr(o, "optimizer", o)).__name__ for o in optimizers or () if o is not None)
+    scaled = type(sequence[0][1]).__name__ if sequence and isinstance(sequence[0][1], _NORMS) else ""
     return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
-                     classes)
+                     classes, scaled)
 
 
 def _in_parameter_order(model: nn.Module, parameters: dict) -> dict:
