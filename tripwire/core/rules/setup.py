@@ -32,7 +32,9 @@ class LossSetup(Rule):
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
-                 "32 or more labels all of one class among three or more (data ordered by class, not shuffled)")
+                 "32 or more labels all of one class among three or more (data ordered by class, not shuffled), "
+                 "or 32 or more one-hot rows of three or more classes under a binary loss (single-label classes "
+                 "learned as separate yes/no questions)")
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
             "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
             "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
@@ -117,6 +119,14 @@ def _problems(use):
                         "and cross-entropy (for XGBoost, multi:softprob with num_class)."))
     if use.kind == "categorical" and labels is not None:
         out += _class_labels(use, labels)
+    if use.kind == "binary" and labels is not None and labels.one_hot and labels.shape[-1] >= 3 and \
+            labels.shape[0] >= MIN_BATCH:
+        out.append(("one_label_per_row", "warning", f"every one of the first batch's {labels.shape[0]} label rows "
+                    f"holds exactly one of {labels.shape[-1]} classes, learned by a binary loss as "
+                    f"{labels.shape[-1]} separate yes/no questions: the classes do not compete, and its accuracy "
+                    "reads high while the model predicts no class. For one class per sample use a softmax output "
+                    "and categorical cross-entropy; keep sigmoid and binary cross-entropy for labels that can be "
+                    "true together."))
     if use.kind == "binary" and labels is not None and (labels.min < 0 or labels.max > 1):
         out.append(("binary_targets", "warning", f"a binary loss with targets from {labels.min:.4g} to "
                     f"{labels.max:.4g}: it expects 0 or 1 (or a probability). Map the labels to 0/1, or use a "
