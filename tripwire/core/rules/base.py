@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-import statistics
 from typing import ClassVar
 
 from ..ranges import ANY, AT_LEAST_0, Range
@@ -221,13 +220,14 @@ def reductions_at(run, step: int, collections=(), regex: str = "") -> dict[str, 
 
 def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
     """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker):
-    a model that has learned, whose small or zero gradients are convergence, not a fault. The loss is the median of
-    the newest five stored (a loss of one small batch is noisy). False where the run holds no training loss."""
+    a model that has learned, whose small or zero gradients are convergence, not a fault. The loss is the newest
+    stored, the step's own where it is stored: the gradients judged come from the same batch (one sample fit
+    exactly, at batch size 1, passes back no gradient at all). False where the run holds no training loss."""
     if "losses/train" not in run.tensor_names("losses"):
         return False
-    steps, values = run.tensor("losses/train").tail(None, 5)
+    steps, values = run.tensor("losses/train").tail(None, 1)
     if not steps or steps[-1] > step:
         return False
-    loss = float(statistics.median(values))
+    loss = float(values[-1])
     initial = first.setdefault(run.default_worker, loss)
     return abs(loss) < share * abs(initial)

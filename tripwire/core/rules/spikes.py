@@ -29,8 +29,9 @@ class LossSpike(Rule):
     condition = ("the training loss of every step the plugin hands over (Lightning: every step, read at the next "
                  "sample; the probe and the Trainer: every step; Keras: every step's own loss, told from the change "
                  "of the epoch's running mean it logs), against the `window` finite losses before it (at least 20): "
-                 "above their median by `threshold` robust standard deviations and by `ratio` of the median, "
-                 "`patience` steps in a row; not once that median is below a thousandth of the first losses' (a "
+                 "above their median by `threshold` robust standard deviations and by `ratio` of the median, and "
+                 "above their 99th percentile (one sample a step, hard samples come in runs), `patience` steps in "
+                 "a row; not once that median is below a thousandth of the first losses' (a "
                  "model that fits its data exactly, where one sample's loss is noise around 0). "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
                  "`patience` is reached, naming the step it began")
@@ -102,5 +103,8 @@ class SpikeWatch:
         if abs(level) < self.FITTED * abs(self._first_level):  # a model that fits its data exactly: what is left
             self._limit = math.inf  # is one sample's noise around 0, no state to roll back from
             return
-        # above both margins; and above a floor, for a loss that has settled at exactly 0 (a problem fit perfectly)
-        self._limit = level + max(self.threshold * spread, (self.ratio - 1) * abs(level), 1e-6)
+        # above both margins; and above a floor, for a loss that has settled at exactly 0 (a problem fit perfectly);
+        # and above all but the highest of the recent losses: one sample a step (batch size 1), a run of hard
+        # samples is as high as the hard samples before it, where a spike rises above everything recent
+        self._limit = max(level + max(self.threshold * spread, (self.ratio - 1) * abs(level), 1e-6),
+                          float(np.percentile(recent, 99)))
