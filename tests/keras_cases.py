@@ -488,3 +488,20 @@ def test_a_model_that_scales_its_own_inputs_is_not_told_to_normalise_them(tmp_pa
     run = tripwire.open_run(cb.run_url)
     assert run.model.inputs_scaled == {"rescaling": "Rescaling", "normalization": "Normalization", "none": ""}[first]
     assert (fired(cb.run_url).get("input_not_normalized") is not None) == (first == "none")
+
+
+def test_a_loss_that_stays_at_what_predicting_the_mean_scores_is_named_stuck(tmp_path):
+    """Targets drawn apart from the inputs (DeepLocalize 39217567: labels that are a shuffle of another column),
+    learned by mean squared error: the loss sits at the targets' variance, what predicting their mean scores,
+    while the steps hardly move the weights. loss_not_decreasing says the model learned nothing from the inputs."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2048, 8)).astype("float32"), rng.integers(0, 2, (2048, 1)).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    config = {"sampling": {"every": 5}, "rules": [{"rule": "loss_not_decreasing", "params": {"min_steps": 50}}]}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[cb])
+    verdict = fired(cb.run_url)["loss_not_decreasing"]
+    assert verdict.finding == "stuck" and "about what predicting the targets' mean scores" in verdict.message

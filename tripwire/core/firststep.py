@@ -49,6 +49,7 @@ class Labels:
     integer: bool  # every value a whole number
     distinct: int  # distinct values (counted up to 1000)
     one_hot: bool  # rows of zeros with a single one
+    variance: float | None = None  # of the finite values: what predicting their mean scores under squared error
 
     @classmethod
     def of(cls, array) -> Labels | None:
@@ -63,7 +64,8 @@ class Labels:
         one_hot = a.ndim >= 2 and a.shape[-1] >= 2 and bool(np.all((values == 0) | (values == 1))) and \
             bool(np.all(values.sum(axis=-1) == 1))
         return cls(str(a.dtype), tuple(int(d) for d in a.shape), float(finite.min()), float(finite.max()),
-                   bool(np.all(finite == np.round(finite))), min(len(np.unique(finite)), 1000), one_hot)
+                   bool(np.all(finite == np.round(finite))), min(len(np.unique(finite)), 1000), one_hot,
+                   float(finite.var()))
 
 
 @dataclass(frozen=True)

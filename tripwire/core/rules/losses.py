@@ -43,7 +43,10 @@ class LossNotDecreasing(Rule):
                  "`min_steps` steps in (error: nothing learns), or above it, its median by `min_drop`, three or "
                  "more windows in (warning: the loss rises); or it "
                  "is not below the window before it while it is below the first (info: it levelled off, training "
-                 "has converged). Not judged while the learning rate is still rising (a warmup)")
+                 "has converged). Not judged while the learning rate is still rising (a warmup). Finding `stuck` "
+                 "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
+                 "of what predicting the targets' mean scores under mean squared error (the first batch's "
+                 "variance), or the steps move the weights by 1e-4 of their norm or more")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -63,7 +66,9 @@ class LossNotDecreasing(Rule):
         return 2 * self.window
 
     def requires(self):
-        return [Requirement(self.collection), Requirement("optimizer", optional=True)]
+        # the first batch's labels: what predicting their mean scores, where the loss stays there
+        return [Requirement(self.collection), Requirement("optimizer", optional=True),
+                Requirement("labels", save_tensors=True, steps=(0,), optional=True)]
 
     def check(self, run, step):
         found = []
@@ -82,19 +87,26 @@ class LossNotDecreasing(Rule):
                 continue
             verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
                                   self._count[key])
-            if verdict is not None and verdict.finding == "never":
+            if verdict is not None and verdict.finding in ("never", "rising"):
                 verdict = self._stuck(run, step, verdict)
             if verdict is not None:
                 found.append(verdict)
         return found or None
 
     def _stuck(self, run, step, verdict):
-        """A loss that never went down while the steps do move the weights (the newest updates are 1e-4 of the
-        kernels' norm or more, median): nothing the model learns from one batch holds for the next. With the
-        learning rate, the optimizer and the gradients at work, labels that do not match their inputs are the
-        likeliest cause: the verdict says so (finding `stuck`)."""
+        """A loss that never went down (or rose) to about what predicting the targets' mean scores under mean
+        squared error, or that never went down while the steps do move the weights (the newest updates are 1e-4
+        of the kernels' norm or more, median): nothing the model learns from one batch holds for the next. Labels
+        that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`)."""
+        constant = _constant_predictor_loss(run)
+        if constant and abs(verdict.evidence["now"] - constant) <= 0.2 * constant:  # one batch's variance
+            return replace(verdict, finding="stuck", hint=STUCK_HINT,
+                           message=verdict.message + f" That is about what predicting the targets' mean scores "
+                                                     f"under mean squared error (the first batch's variance, "
+                                                     f"{constant:.4g}): the model has learned nothing from its "
+                                                     "inputs.")
         ratios = sorted(_update_ratios(run))
-        if not ratios or ratios[len(ratios) // 2] < 1e-4:
+        if verdict.finding != "never" or not ratios or ratios[len(ratios) // 2] < 1e-4:
             return verdict
         return replace(verdict, finding="stuck", hint=STUCK_HINT,
                        message=verdict.message + f" The steps do move the weights (by {ratios[len(ratios) // 2]:.2g} "
@@ -237,6 +249,17 @@ STUCK_HINT = ("The weights move at every step, yet the loss stays where it began
               "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
               "that each sample keeps its own label through loading and shuffling; train on one small batch "
               "until it is learned by heart (if even that fails, look at the loss and the labels).")
+
+
+def _constant_predictor_loss(run) -> float | None:
+    """The mean squared error of predicting the first batch's mean target, where the training step's one loss is
+    mean squared error and the plugin saw its targets: a loss that stays there has learned nothing from the
+    inputs. None otherwise."""
+    first = run.first_step
+    uses = first.losses if first is not None else ()
+    if len(uses) != 1 or uses[0].loss != "mse_loss" or uses[0].labels is None:
+        return None
+    return uses[0].labels.variance or None
 
 
 def _update_ratios(run) -> list[float]:
