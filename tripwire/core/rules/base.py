@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from ..ranges import ANY, AT_LEAST_0, Range
 from ..model import role_of
+from ..naming import MODES
 from ..verdict import Verdict
 
 
@@ -231,3 +232,10 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
     loss = float(values[-1])
     initial = first.setdefault(run.default_worker, loss)
     return abs(loss) < share * abs(initial)
+
+
+def checked_mode(mode: str) -> str:
+    """A rule parameter naming a mode (`train`, `eval`, …), refused where it is none."""
+    if mode not in MODES:
+        raise ValueError(f"mode '{mode}' is not one of {', '.join(MODES)}")
+    return mode

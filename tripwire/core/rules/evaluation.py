@@ -16,8 +16,8 @@ import numpy as np
 
 from ..naming import collection_of
 from ..ranges import Range
-from .base import Requirement, Rule
-from .losses import _chance, _mode
+from .base import Requirement, Rule, checked_mode
+from .overfit import _chance
 
 
 @dataclass
@@ -50,7 +50,7 @@ class FirstEvaluation(Rule):
               "verify the loss at init).")
 
     def __post_init__(self):
-        self.modes = tuple(dict.fromkeys((_mode(self.train_mode), _mode(self.val_mode))))
+        self.modes = tuple(dict.fromkeys((checked_mode(self.train_mode), checked_mode(self.val_mode))))
         self._judged: set = set()  # workers
 
     @property

@@ -1,21 +1,18 @@
-"""Rules over losses and metrics, judged against their own noise.
+"""A loss, or any series that should go down, that does not, judged against its own noise (LossNotDecreasing).
 
-Which series they read, and in which mode, are parameters: the defaults read
-`losses/train` and `metrics/val_loss` (mode eval), which every plugin records
-(XGBoost from its eval log, as its early stopping reads it).
+Which series it reads, and in which mode, are parameters: the default reads `losses/train`, which every plugin
+records (XGBoost from its eval log, as its early stopping reads it). The validation loss against it: overfit.py.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from ..naming import MODES, collection_of
-from .base import Requirement, Rule, of_roles
+from .base import Requirement, Rule, checked_mode, of_roles
 
 
 @dataclass
@@ -57,7 +54,7 @@ class LossNotDecreasing(Rule):
               "and a plateau after progress is info, not a warning.")
 
     def __post_init__(self):
-        self.modes = (_mode(self.mode),)
+        self.modes = (checked_mode(self.mode),)
         self._first: dict = {}  # (worker, series) -> the first window's values
         self._count: dict = {}  # (worker, series) -> samples seen (the history in memory holds only the last few)
 
@@ -157,93 +154,6 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
-@dataclass
-class Overfit(Rule):
-    """A validation loss that rises from its best while the training loss does not: the model fits its training
-    data, not the task.
-
-    On XGBoost's eval log the defaults read the validation set's loss as XGBoost's early stopping does; another
-    series: `params: {val_tensor: metrics/validation/error, val_mode: train}` (a metric that is lower when better).
-    """
-
-    patience: int = 3
-    min_delta: float = 0.1
-    give_back: float = 0.25
-    at_chance: float = 0.95  # a validation loss never below this share of chance's (ln C) learned nothing
-    start_step: int = 0
-    val_tensor: str = "metrics/val_loss"
-    train_tensor: str = "losses/train"
-    val_mode: str = "eval"  # the mode holding `val_tensor`; the rule is evaluated at its steps
-    train_mode: str = "train"  # the mode holding `train_tensor`
-
-    name = "overfit"
-    limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
-    modes = ("eval",)
-    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its "
-                 "best before them by more than `min_delta` of that best, more than its own noise (the median change "
-                 "from one evaluation to the next) and more than `give_back` of what it had come down from its first "
-                 "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
-                 "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
-                 "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
-                 "the best evaluation; or, for a classifier of C classes (from the first step's loss), the validation "
-                 "loss has not once been below `at_chance` times ln C while the training loss fell by `min_delta` "
-                 "of its first value (labels that do not match their inputs)")
-    hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
-            "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
-            "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
-            "min_child_weight, subsample < 1, fewer rounds (early_stopping_rounds).")
-    source = ("smdebug Overfit (ratio_threshold 0.1 on the gap between validation and training loss, patience 1): "
-              "a gap alone holds on most healthy models, so here the validation loss must rise from its own best, "
-              "beyond its noise, for `patience` evaluations while the training loss does not.")
-
-    def __post_init__(self):
-        self.modes = (_mode(self.val_mode),)
-        _mode(self.train_mode)
-        self._seen: dict = {}  # worker -> _Evaluations: the memory in the training process holds only the last few
-
-    @property
-    def history(self):
-        return max(64, 4 * self.patience)
-
-    def requires(self):
-        return [Requirement(c) for c in dict.fromkeys([collection_of(self.train_tensor),
-                                                        collection_of(self.val_tensor)])]
-
-    def check(self, run, step):
-        if step < self.start_step or self.val_tensor not in run.tensor_names(mode=self.val_mode):
-            return None
-        steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
-        if not len(steps) or steps[-1] != step or not np.isfinite(val[-1]):
-            return None
-        found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
-        seen = self._seen.setdefault(run.default_worker, _Evaluations(self.patience))
-        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan)
-        if not seen.full:
-            return None
-        chance = _chance(run)
-        train_now = seen.recent[-1][2]
-        if chance is not None and seen.lowest >= self.at_chance * chance[0] and \
-                train_now < (1 - self.min_delta) * seen.first_train:
-            return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
-                                   f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
-                                   f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "
-                                   f"{train_now:.4g}: the model learns its training set, nothing that holds for "
-                                   "other data.", finding="chance", hint=CHANCE_HINT, onset=seen.first_step,
-                             chance=chance[0],
-                             lowest=seen.lowest, train=train_now)
-        recent = [value for _, value, _ in seen.recent]
-        best, best_step, train_at_best = seen.best
-        noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
-        margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
-        if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
-            return None  # not above its best throughout, or coming back down (a bump from a noisy step)
-        if math.isfinite(train_at_best) and math.isfinite(train_now) and train_now > train_at_best:
-            return None  # both rise: not overfitting (the loss rules see a training that diverges)
-        return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
-                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
-                               "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
-
-
 STUCK_HINT = ("The weights move at every step, yet the loss stays where it began: what the model learns from one "
               "batch does not hold for the next. Likeliest cause: labels that do not match their inputs (shuffled "
               "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
@@ -276,88 +186,3 @@ def _update_ratios(run) -> list[float]:
         if len(u_steps) and len(w_steps) and u_steps[-1] == w_steps[-1] and w[-1] > 0:
             out.append(float(u[-1] / w[-1]))
     return out
-
-
-CHANCE_HINT = ("The validation loss never beats guessing while the training loss falls: the model memorises its "
-               "training samples. Likely causes: labels that do not match their inputs (shuffled apart, the wrong "
-               "column, a misaligned join), or validation data of another kind than the training data. Try: check "
-               "that each sample keeps its own label through loading and shuffling; look at a few samples and "
-               "their labels.")
-
-
-def _chance(run) -> tuple[float, int] | None:
-    """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
-    (the first step's record), else None."""
-    first = run.first_step
-    for use in first.losses if first is not None else ():
-        if use.reads == "scores" or use.kind not in ("categorical", "binary"):
-            continue
-        classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
-        return math.log(classes), classes
-    return None
-
-
-class _Evaluations:
-    """What overfit keeps of one worker's evaluations: the first value, the best before the newest `patience`
-    (with its step and the training loss then), the value just before them, and the newest `patience`."""
-
-    def __init__(self, patience: int):
-        self.patience = patience
-        self.first: float | None = None
-        self.first_step = -1
-        self.lowest = math.inf  # of every evaluation so far
-        self.first_train = math.nan  # the first training loss known at an evaluation
-        self.best = (math.inf, -1, math.nan)  # (value, step, training loss)
-        self.before = math.nan
-        self.recent: list = []  # (step, value, training loss), oldest first
-        self.earlier = 0  # evaluations before the newest `patience`
-
-    def add(self, step: int, value: float, train: float) -> None:
-        if self.first is None:
-            self.first, self.first_step = value, step
-        self.lowest = min(self.lowest, value)
-        if math.isnan(self.first_train):
-            self.first_train = train
-        self.recent.append((step, value, train))
-        if len(self.recent) > self.patience:
-            old_step, old, old_train = self.recent.pop(0)
-            self.before, self.earlier = old, self.earlier + 1
-            if old < self.best[0]:
-                self.best = (old, old_step, old_train)
-
-    @property
-    def full(self) -> bool:
-        """At least `patience` + 2 evaluations: a best before the newest and the one just before them."""
-        return len(self.recent) == self.patience and self.earlier >= 2
-
-
-def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",
-                         train_mode: str = "train"):
-    """(evaluation steps, validation values, mean training value since the evaluation before) up to `step`,
-    which must be an evaluation; None when either series is missing. NaN where no training value fell between."""
-    if val_tensor not in run.tensor_names(mode=val_mode) or train_tensor not in run.tensor_names(mode=train_mode):
-        return None
-    val_steps, val = run.tensor(val_tensor).series(mode=val_mode)
-    train_steps, train = run.tensor(train_tensor).series(mode=train_mode)
-    if not len(val_steps) or val_steps[-1] != step:
-        return None
-    # each evaluation's window of training steps, from cumulative sums: a booster evaluates at every round, and a
-    # loop over the windows cost a millisecond per evaluation there
-    high = np.searchsorted(train_steps, val_steps, side="right")
-    low = np.concatenate(([np.searchsorted(train_steps, -1, side="right")], high[:-1]))
-    finite = np.isfinite(train)
-    sums = np.concatenate(([0.0], np.cumsum(np.where(finite, train, 0.0))))
-    nonfinite = np.concatenate(([0], np.cumsum(~finite)))
-    counts = high - low
-    means = np.full(len(val_steps), np.nan)
-    filled = counts > 0
-    means[filled] = (sums[high[filled]] - sums[low[filled]]) / counts[filled]
-    for i in np.flatnonzero(filled & (nonfinite[high] > nonfinite[low])):  # NaN or Inf in it: as numpy's mean
-        means[i] = float(np.mean(train[low[i]:high[i]]))
-    return val_steps, val, means
-
-
-def _mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode '{mode}' is not one of {', '.join(MODES)}")
-    return mode

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..ranges import COUNT, SHARE, Range
 from .base import Requirement, Rule
-from .losses import train_means_at_evals
+from .overfit import train_means_at_evals
 
 
 @dataclass
