@@ -33,8 +33,8 @@ class LossSetup(Rule):
                  "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
                  "32 or more labels all of one class among three or more (data ordered by class, not shuffled), "
-                 "or 32 or more one-hot rows of three or more classes under a binary loss (single-label classes "
-                 "learned as separate yes/no questions)")
+                 "or 32 or more one-hot rows of three or more classes under a binary loss (info: single-label "
+                 "classes learned as separate yes/no questions, which trains, with an accuracy that reads high)")
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
             "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
             "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
@@ -121,7 +121,7 @@ def _problems(use):
         out += _class_labels(use, labels)
     if use.kind == "binary" and labels is not None and labels.one_hot and labels.shape[-1] >= 3 and \
             labels.shape[0] >= MIN_BATCH:
-        out.append(("one_label_per_row", "warning", f"every one of the first batch's {labels.shape[0]} label rows "
+        out.append(("one_label_per_row", "info", f"every one of the first batch's {labels.shape[0]} label rows "
                     f"holds exactly one of {labels.shape[-1]} classes, learned by a binary loss as "
                     f"{labels.shape[-1]} separate yes/no questions: the classes do not compete, and its accuracy "
                     "reads high while the model predicts no class. For one class per sample use a softmax output "
