@@ -468,15 +468,16 @@ def test_integer_inputs_are_measurements_unless_a_layer_reads_them_as_ids(tmp_pa
         assert verdict.step == 2 and "values from 0 to 255" in verdict.message  # the first 3 batches
 
 
-@pytest.mark.parametrize("first", ["rescaling", "normalization", "none"])
+@pytest.mark.parametrize("first", ["rescaling", "normalization", "dense_then_batchnorm", "none"])
 def test_a_model_that_scales_its_own_inputs_is_not_told_to_normalise_them(tmp_path, first):
     """keras.io's way: raw 0..255 pixels into the model, augmentation, then Rescaling(1/255) (or an adapted
-    Normalization layer) as the first layer that computes: the raw scale is what the model expects."""
+    Normalization layer) as the first layer that computes: the raw scale is what the model expects. A first Dense
+    normalised next (BatchNormalization) takes the scale out as well."""
     (xt, yt), _ = helpers.digits()
     x = (xt - xt.min()) * 40.0  # 0..~255, the digits as raw pixels
     keras.utils.set_random_seed(0)
     scale = {"rescaling": [keras.layers.Rescaling(1 / 255.0)], "normalization": [keras.layers.Normalization()],
-             "none": []}[first]
+             "dense_then_batchnorm": [keras.layers.Dense(64), keras.layers.BatchNormalization()], "none": []}[first]
     if first == "normalization":
         scale[0].adapt(x)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Reshape((8, 8, 1)), keras.layers.RandomFlip(),
@@ -486,7 +487,7 @@ def test_a_model_that_scales_its_own_inputs_is_not_told_to_normalise_them(tmp_pa
     cb = TripwireCallback({"rules": ["input_not_normalized"]}, out_dir=tmp_path / "run")
     model.fit(x, yt, batch_size=32, epochs=1, verbose=0, callbacks=[cb])
     run = tripwire.open_run(cb.run_url)
-    assert run.model.inputs_scaled == {"rescaling": "Rescaling", "normalization": "Normalization", "none": ""}[first]
+    assert run.model.inputs_scaled == {"rescaling": "Rescaling", "normalization": "Normalization"}.get(first, "")
     assert (fired(cb.run_url).get("input_not_normalized") is not None) == (first == "none")
 
 

@@ -15,11 +15,16 @@ STATISTICS = ("mean", "std", "min", "max")
 
 def scaled_by_model(run, per_feature: bool = False) -> None:
     """Raise NotApplicable where the model's first layer rescales or normalises the inputs itself (Keras'
-    Rescaling(1/255) or Normalization, a BatchNorm first): their raw scale is then what the model expects.
+    Rescaling(1/255) or Normalization, a BatchNorm first): their raw scale is then what the model expects; and,
+    for their overall scale, where the first layer's output is normalised next (a Dense, then a BatchNorm).
     per_feature: only a layer that normalises each feature counts (Rescaling scales them all alike)."""
     scaled = run.model.inputs_scaled if run.model is not None else ""
     if scaled and not (per_feature and scaled == "Rescaling"):
         raise NotApplicable(f"the model's first layer ({scaled}) rescales or normalises the inputs itself")
+    kernels = run.model.kernels(trainable=None) if run.model is not None else []
+    if not per_feature and kernels and kernels[0].scale_free:  # Dense -> BatchNorm: no scale of x reaches past it
+        raise NotApplicable(f"the model's first layer ({kernels[0].layer_class}) is normalised next, which takes "
+                            "the inputs' scale out")
 
 
 @dataclass
@@ -37,7 +42,8 @@ class InputNotNormalized(Rule):
                  "such as uint8 pixels; token ids are not captured), pooled: values outside [-1, 1] (data scaled "
                  "to [0, 1] or [-1, 1] is normalised) with a mean further than `max_mean` from 0 or a standard "
                  "deviation above `max_std`. Not judged where the model's first layer rescales or normalises the "
-                 "inputs itself (Keras' Rescaling(1/255) or Normalization, a BatchNorm first)")
+                 "inputs itself (Keras' Rescaling(1/255) or Normalization, a BatchNorm first), or where its output "
+                 "is normalised next (a Dense, then a BatchNorm: no scale of the inputs gets past it)")
     hint = ("The inputs are not normalised, so early layers see badly scaled values (saturation, huge gradients, "
             "slow training). Try: standardise each feature with the training set's mean and std, or scale images "
             "to [0, 1] (divide by 255) and then normalise per channel; make sure the same transform is applied at "
