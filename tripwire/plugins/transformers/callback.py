@@ -366,7 +366,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         return values.tolist()
 
 
-def _batches_per_epoch(loader) -> float:
+def _batches_per_epoch(loader) -> int:
     """How many batches the Trainer's training loader holds (0 where it cannot say: an iterable dataset)."""
     try:
         return len(loader)
