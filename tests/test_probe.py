@@ -204,12 +204,34 @@ def unscaled_targets_fit(probe_dir):
     return probe, mse / float(y.var()) < 0.7  # learned: explains 30 % of the variance (the best models ~50 %)
 
 
-@pytest.mark.parametrize("fit", [polynomial_fit, lbfgs_fit, unscaled_targets_fit],
-                         ids=["polynomial_regression", "lbfgs", "unscaled_regression"])
+def zero_samples_fit(probe_dir):
+    """StackOverflow 31880720's fixed program: samples of 128 ones (label 1) or 128 zeros (label 0), one per step,
+    an MLP ending in a sigmoid under binary cross-entropy, RMSprop (no momentum). A sample of zeros gives the first kernel no
+    gradient, and the step no update: here steps 0 and 1, and every hundredth."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(128, 50), torch.nn.ReLU(), torch.nn.Linear(50, 50), torch.nn.ReLU(),
+                              torch.nn.Linear(50, 1), torch.nn.Sigmoid())
+    optimizer = torch.optim.RMSprop(net.parameters(), lr=1e-3)
+    with TripwireProbe(net, optimizer, out_dir=probe_dir) as probe:
+        for step in range(400):
+            label = float(step % 4 in (2, 3))
+            optimizer.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy(net(torch.full((1, 128), label)), torch.tensor([[label]]))
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    with torch.no_grad():
+        scores = net(torch.stack([torch.zeros(128), torch.ones(128)]))
+    return probe, scores[0] < 0.1 and scores[1] > 0.9
+
+
+@pytest.mark.parametrize("fit", [polynomial_fit, lbfgs_fit, unscaled_targets_fit, zero_samples_fit],
+                         ids=["polynomial_regression", "lbfgs", "unscaled_regression", "zero_samples"])
 def test_healthy_example_programs_fire_nothing(tmp_path, fit):
     """The regressor's output kernel grows to the targets' scale (variance ~25); an LBFGS step moves the weights by
-    more than their norm, and a converged one not at all; targets in the hundreds make gradients in the thousands:
-    none of it is a fault. Each fit returns (its probe, whether it learned)."""
+    more than their norm, and a converged one not at all; targets in the hundreds make gradients in the thousands;
+    a batch of one sample of zeros leaves the first kernel as it was: none of it is a fault. Each fit returns (its
+    probe, whether it learned)."""
     probe, learned = fit(tmp_path / "run")
     assert learned
     run = tripwire.open_run(probe.run_url)

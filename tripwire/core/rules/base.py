@@ -16,6 +16,7 @@ import re
 from typing import ClassVar
 
 from ..ranges import ANY, AT_LEAST_0, Range
+from ..reductions import MIN_BATCH
 from ..model import role_of
 from ..naming import MODES
 from ..verdict import Verdict
@@ -232,6 +233,20 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
     loss = float(values[-1])
     initial = first.setdefault(run.default_worker, loss)
     return abs(loss) < share * abs(initial)
+
+
+FIRST_LABELS = Requirement("labels", save_tensors=True, steps=(0,), optional=True)  # the first batch's targets
+
+
+def few_samples(run) -> bool:
+    """Whether the first training batch held fewer than MIN_BATCH samples (as its targets show). In such a batch
+    one sample can leave a kernel with no gradient by itself — a sample of zeros, sparse features, every unit off
+    for it — and, without momentum, its step with no update: an exact zero there says nothing of the model. False
+    where the plugin saw no targets."""
+    first = run.first_step
+    sizes = [use.labels.shape[0] for use in (first.losses if first is not None else ())
+             if use.labels is not None and use.labels.shape]
+    return bool(sizes) and min(sizes) < MIN_BATCH
 
 
 def checked_mode(mode: str) -> str:

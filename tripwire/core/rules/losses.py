@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, checked_mode, of_roles
+from .base import FIRST_LABELS, Requirement, Rule, checked_mode, of_roles
 
 
 @dataclass
@@ -65,7 +65,7 @@ class LossNotDecreasing(Rule):
     def requires(self):
         # the first batch's labels: what predicting their mean scores, where the loss stays there
         return [Requirement(self.collection), Requirement("optimizer", optional=True),
-                Requirement("labels", save_tensors=True, steps=(0,), optional=True)]
+                FIRST_LABELS]
 
     def check(self, run, step):
         found = []

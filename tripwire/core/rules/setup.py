@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..firststep import RANGES
-from .base import NotApplicable, Requirement, Rule
+from .base import FIRST_LABELS, NotApplicable, Rule
 
 MIN_BATCH = 32  # a first batch of this many labels, all of one class among three or more, is no chance
 
@@ -48,7 +48,7 @@ class LossSetup(Rule):
 
     def requires(self):
         # the first batch's labels, which a plugin that cannot see them with the loss (Keras) takes from the capture
-        return [Requirement("labels", save_tensors=True, steps=(0,), optional=True)]
+        return [FIRST_LABELS]
 
     def check(self, run, step):
         if run.default_worker in self._done:

@@ -12,7 +12,7 @@ from ..firststep import task_of
 from ..ranges import PERCENT, SHARE, Range
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
-from .base import Requirement, Rule, loss_fell_below, of_roles, reductions_at, values_at
+from .base import FIRST_LABELS, Requirement, Rule, few_samples, loss_fell_below, of_roles, reductions_at, values_at
 from .origins import ORIGIN, origin_of
 from .weights import init_band
 
@@ -128,7 +128,8 @@ class AllZero(Rule):
                  "zero (reduction zero_fraction); biases, normalisation shifts and embedding tables, which may be "
                  "zero by design or sparse, are left out, and gradients once the training loss is below `fitted` "
                  "times its first value (a model that fits its data exactly, its output saturated, has nothing "
-                 "left to learn)")
+                 "left to learn) or where batches hold fewer than 16 samples (one sample of zeros leaves the first "
+                 "layer without gradient)")
     hint = ("A tensor is all zeros. Weights: zero initialisation (every unit computes the same thing and gets "
             "the same update). Gradients: nothing flows back (dead units, detached graph, a loss that does not "
             "depend on the parameter). Activations (add them to `collections`): dead units or an input of "
@@ -140,11 +141,12 @@ class AllZero(Rule):
 
     def requires(self):
         return [Requirement(c, ("zero_fraction",)) for c in self.collections] + \
-            [Requirement("losses", optional=True)]
+            [Requirement("losses", optional=True), FIRST_LABELS]
 
     def check(self, run, step):
         collections = self.collections
-        if "gradients" in collections and loss_fell_below(run, step, self._first_loss, self.fitted):
+        if "gradients" in collections and (loss_fell_below(run, step, self._first_loss, self.fitted) or
+                                           few_samples(run)):
             collections = [c for c in collections if c != "gradients"]
             if not collections:
                 return None

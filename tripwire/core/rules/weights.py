@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..ranges import COUNT, POSITIVE, SHARE, Range
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, learning_rates, loss_fell_below, of_roles, values_at
+from .base import FIRST_LABELS, Requirement, Rule, few_samples, learning_rates, loss_fell_below, of_roles, values_at
 from .optimizer import searching
 
 
@@ -107,7 +107,9 @@ class WeightUpdateRatio(Rule):
                  "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
                  "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
                  "rate is 0 (the start of a warmup); not too small once the training loss is below `fitted` times "
-                 "its first value (a model that fits its data exactly has nothing left to learn); a parameter no "
+                 "its first value (a model that fits its data exactly has nothing left to learn), nor at exactly 0 "
+                 "where batches hold fewer than 16 samples (one sample of zeros gives the first layer no gradient, "
+                 "and a step without momentum no update); a parameter no "
                  "optimizer stepped has no update; not judged for "
                  "an optimizer that searches within its step (LBFGS: a step may rewrite the weights, and once "
                  "converged leaves them as they are)")
@@ -123,13 +125,14 @@ class WeightUpdateRatio(Rule):
 
     def requires(self):
         return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",)),
-                Requirement("optimizer", optional=True), Requirement("losses", optional=True)]
+                Requirement("optimizer", optional=True), Requirement("losses", optional=True), FIRST_LABELS]
 
     def check(self, run, step):
         rates = learning_rates(run, step)
         if (rates is not None and not any(rates)) or searching(run):
             return None
         fitted = loss_fell_below(run, step, self._first_loss, self.fitted)
+        zero_explained = few_samples(run)  # a batch of a few samples may give no gradient, so no update
         updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
         found = []
         for name in updates:
@@ -138,8 +141,8 @@ class WeightUpdateRatio(Rule):
             if len(ratios) < self.patience or ratios[-1][0] != step:
                 continue
             last = [r for _, r in ratios[-self.patience:]]
-            for side, beyond in (("large", all(r > self.large_threshold for r in last)),
-                                 ("small", not fitted and all(r < self.small_threshold for r in last))):
+            too_small = not fitted and all(r < self.small_threshold and not (r == 0 and zero_explained) for r in last)
+            for side, beyond in (("large", all(r > self.large_threshold for r in last)), ("small", too_small)):
                 if beyond:
                     found.append(self.fire(step, f"{name}: ‖update‖/‖weight‖ = {last[-1]:.3g}, too {side} (allowed "
                                                  f"{self.small_threshold:g} to {self.large_threshold:g}) at "
