@@ -80,7 +80,7 @@ def test_healthy_loops_break_no_relation(tmp_path, clear, accumulate):
     # the mode and the optimizer's step are judged at the steps an optimizer took: with accumulation over 4, no
     # sampled step (0, 1, 2, 10, 20, …) is one
     stepped = {"relations/eval_mode", "relations/no_gradients", "relations/step_changed_nothing"}
-    judged = {"relations/stale_gradients"} | (stepped if accumulate == 1 else set())
+    judged = {"relations/stale_gradients"} | (stepped if accumulate == 1 else {"relations/skipped_steps"})
     assert set(run.tensor_names("relations")) == judged
 
 
@@ -181,6 +181,38 @@ def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path):
     run = tripwire.open_run(probe.run_url)
     assert scaler.get_scale() < 2.0 ** 16  # it did skip
     assert findings(run) == []
+
+
+def test_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path):
+    """A contrastive penalty over the batch's pairwise distances, sqrt of squared differences, takes each sample's
+    distance to itself: the gradient of sqrt at 0 is Inf, at every step. A GradScaler skips every step and halves
+    its scale; the loss stays finite and the weights stay as they were. The fixed twin adds an epsilon."""
+    x, y = digits()
+    for epsilon, broken in ((0.0, True), (1e-12, False)):
+        model = net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler("cpu")
+        with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / str(epsilon)) as probe:
+            for step in range(60):
+                i = 32 * (step % 40)
+                optimizer.zero_grad()
+                logits = model(x[i:i + 32])
+                distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
+                loss = F.cross_entropy(logits, y[i:i + 32]) - 1e-3 * distances.mean()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                probe.step(loss)
+        run = tripwire.open_run(probe.run_url)
+        if broken:
+            assert scaler.get_scale() < 1e-9  # every step skipped
+            assert findings(run) == [("skipped_steps", 29, "error")]  # told at the 30th skip in a row
+            (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
+            assert "last 30 steps" in verdict.message and "sqrt" in verdict.hint
+        else:
+            model.eval()
+            assert float((model(x).argmax(1) == y).float().mean()) > 0.8  # it learns
+            assert findings(run) == []
 
 
 def xgboost_run(out, same_data: bool):

@@ -524,11 +524,12 @@ def gan(attach, long):
 # -- plain PyTorch loops ------------------------------------------------------------------------------------------
 def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn, evaluate, scheduler=None,
                classifier: bool = False, zero_grad: bool = True, train_mode: bool = True,
-               clear_before_step: bool = False, evaluate_first: bool = False) -> int:
+               clear_before_step: bool = False, evaluate_first: bool = False, scaler=None) -> int:
     """A plain training loop, with tripwire's probe when attached: `evaluate(model)` (in eval mode) after each
     epoch, its metrics logged to the probe, and before training with `evaluate_first` (the untrained model's
-    score). Returns the optimizer steps that ran. Three silent bugs can be put in: no `zero_grad`, `zero_grad`
-    between `backward` and `step` (`clear_before_step`), and no `model.train()` after the first validation."""
+    score); the backward and the step through a GradScaler where given. Returns the optimizer steps that ran.
+    Three silent bugs can be put in: no `zero_grad`, `zero_grad` between `backward` and `step`
+    (`clear_before_step`), and no `model.train()` after the first validation."""
     steps = 0
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
     with probe_or_nothing as probe:
@@ -542,10 +543,14 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
                     optimizer.zero_grad()
                 output = model(x)
                 loss = loss_fn(output, y)
-                loss.backward()
+                (loss if scaler is None else scaler.scale(loss)).backward()
                 if clear_before_step:
                     optimizer.zero_grad()
-                optimizer.step()
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)
+                    scaler.update()
                 if scheduler is not None:
                     scheduler.step()
                 steps += 1
@@ -591,16 +596,38 @@ class StopsUpdating(torch.optim.Adam):
         return super().step(closure) if self.calls <= self.working else None
 
 
-def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.optim.Adam, **bugs):
+def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.optim.Adam, loss_fn=F.cross_entropy,
+                **bugs):
     """A CNN with Dropout and MaxPool on digit images in a plain loop, switching train/eval for validation."""
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = dataset()
     model = cnn()
     optimizer = optimizer_class(model.parameters(), lr=1e-3)
     evaluate = classification_metrics(xv, yv)
-    steps = train_loop(attach, model, optimizer, loader(xt, yt), (10, 40)[long], F.cross_entropy, evaluate,
+    steps = train_loop(attach, model, optimizer, loader(xt, yt), (10, 40)[long], loss_fn, evaluate,
                        classifier=True, **bugs)
     return reached("val_acc", evaluate(model)["val_acc"], 0.9, steps)
+
+
+def spread_out(epsilon: float):
+    """Cross-entropy with a small reward for outputs spread apart: the mean of the batch's pairwise distances,
+    computed as the sqrt of the squared differences. The pairs include each sample with itself, whose distance 0
+    has a sqrt with an infinite gradient, unless `epsilon` is added inside."""
+    def loss(logits, y):
+        distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
+        return F.cross_entropy(logits, y) - 1e-3 * distances.mean()
+    return loss
+
+
+def grad_scaler_spread(attach, long, epsilon: float = 1e-12):
+    """The dropout CNN under a GradScaler (as fp16 training runs it; here on the CPU) with the spread-out loss."""
+    return cnn_dropout(attach, long, loss_fn=spread_out(epsilon), scaler=torch.amp.GradScaler("cpu"))
+
+
+def grad_scaler_skips_every_step(attach, long):
+    """The spread-out loss without its epsilon: every gradient is NaN, so the GradScaler skips every step (and
+    halves its scale); the loss stays finite and the model never trains."""
+    return grad_scaler_spread(attach, long, epsilon=0.0)
 
 
 def missing_zero_grad(attach, long):
@@ -896,6 +923,10 @@ CASES: list[Case] = [
     Case("torch", "ddp", ddp),
     Case("torch", "ddp_bypass", ddp_bypass, fault="DDP forward through ddp_model.module: replicas drift apart",
          catch=("training_relations",), tags=SILENT),
+    Case("torch", "grad_scaler_spread", grad_scaler_spread),
+    Case("torch", "grad_scaler_skips_every_step", grad_scaler_skips_every_step,
+         fault="sqrt of a zero distance under a GradScaler: every step skipped", catch=("training_relations",),
+         onset=29, tags=SILENT),  # healthy fp16 training skips its first steps too: the 30th in a row is the fault
     Case("torch", "spectral_norm_classifier", spectral_norm_classifier),
     Case("torch", "spectral_norm_evaluated_first", spectral_norm_evaluated_first,
          fault="spectral_norm model evaluated before any training forward", catch=("first_evaluation",), tags=SILENT),

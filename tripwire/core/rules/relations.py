@@ -53,6 +53,15 @@ RELATIONS = {
         "Pass held-out data as the validation set (xgb.train(evals=[(dtrain, 'train'), (dval, 'validation')]), "
         "eval_set=[(X_val, y_val)]): on the training data, early stopping never stops and overfitting never "
         "shows."),
+    "skipped_steps": (
+        "error",
+        "no optimizer stepped at the last {n} steps, and the gradients hold Inf or NaN: a GradScaler skips such a "
+        "step and halves its scale, so after {n} of them the gradients are not finite at any scale: the model has "
+        "not been updated since, while its loss stays finite",
+        "Find the operation whose backward is not finite (run one step under torch.autograd.detect_anomaly()): "
+        "commonly a sqrt or a norm of an exact zero (a distance of a sample to itself: add an epsilon inside the "
+        "sqrt), a log of 0, a division by a zero count. Without a GradScaler the same gradients would turn the "
+        "weights to NaN."),
     "replicas_differ": (
         "error",
         "after this step's optimizer step, {n} rank(s) held parameters that differ from rank 0's: the DDP replicas "
@@ -62,6 +71,11 @@ RELATIONS = {
         "building it the same way on every rank, load a checkpoint before wrapping, not on one rank after); never "
         "change parameters on one rank only (an update, a clamp or a load under `if rank == 0`)."),
 }
+
+# Relations broken only past a count: a GradScaler skips the first steps of fp16 training until its scale fits
+# (from 2^16, a few halvings); 30 skips in a row have cut the scale by 1e9.
+SKIPPED_STEPS = 30
+AT_LEAST = {"skipped_steps": SKIPPED_STEPS}
 
 
 @dataclass
@@ -90,7 +104,9 @@ class TrainingRelations(Rule):
                  "and does not judge it); `same_eval_data` — an XGBoost eval set logged exactly the metrics of "
                  "another at every round so far (warning); `replicas_differ` — under DDP, after an "
                  "optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's (error; "
-                 "the probe and Lightning). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
+                 "the probe and Lightning); `skipped_steps` — no optimizer stepped at 30 or more steps in a row, "
+                 "the gradients holding Inf or NaN (a GradScaler that skips every step: error; the probe, told at "
+                 "the 30th step and at the sampled ones). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
                  "`stale_gradients` can break only where the user clears gradients (the probe, Lightning's manual "
                  "optimisation). Keras applies its gradients itself: it has none of these relations to break")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
@@ -105,7 +121,7 @@ class TrainingRelations(Rule):
         found = []
         for name, count in values_at(run, step, "value", ["relations"]).items():
             relation = name.split("/", 1)[1]
-            if relation not in RELATIONS or not count:
+            if relation not in RELATIONS or count < AT_LEAST.get(relation, 1):
                 continue
             severity, what, hint = RELATIONS[relation]
             found.append(self.fire(step, f"step {step}: {what.format(n=int(count))}.", severity=severity,

@@ -50,6 +50,7 @@ from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.rules.relations import SKIPPED_STEPS
 
 from .capture import TorchCapture, step_closure
 from .firststep import LossSpy
@@ -95,6 +96,7 @@ class TripwireProbe:
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
+        self._skipped = 0  # training steps in a row in which no optimizer stepped (accumulation, a GradScaler's skip)
         self._in_step = None  # the optimizer whose step is running (a closure's forward may begin the step in it)
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
@@ -135,6 +137,7 @@ class TripwireProbe:
         step = self.global_step
         self.global_step += 1
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
+        self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
             origin = self._origin_of(step, found is not None)
@@ -145,6 +148,10 @@ class TripwireProbe:
                 self._losses.store(self._recorder)
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
+            if self._skipped == SKIPPED_STEPS and _overflowed(self.optimizers):  # told at the step it is broken
+                said = self._recorder.check_relation(step, "skipped_steps", self._skipped)
+                if said is not None:
+                    decision = said if decision is None else decision.merge(said)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -157,6 +164,8 @@ class TripwireProbe:
         if trained:
             scalars["relations/eval_mode"] = eval_mode_modules(self.model)
             self._eval_mode_said |= scalars["relations/eval_mode"] > 0
+        elif self._skipped:
+            scalars["relations/skipped_steps"] = self._skipped if _overflowed(self.optimizers) else 0
         if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:
@@ -333,6 +342,13 @@ class TripwireProbe:
 def _several_processes() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _overflowed(optimizers) -> bool:
+    """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
+    a GradScaler, not by gradient accumulation (read at a sampled step only)."""
+    return any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
+               for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
 
 
 def _nonfinite(loss) -> bool:
