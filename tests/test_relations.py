@@ -183,12 +183,19 @@ def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path):
     assert findings(run) == []
 
 
+def spread_out(logits, y, epsilon):
+    """Cross-entropy with a small reward for outputs spread apart: the mean pairwise distance, as the sqrt of the
+    squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is Inf, at every
+    step, unless `epsilon` is added inside."""
+    distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
+    return F.cross_entropy(logits, y) - 1e-3 * distances.mean()
+
+
 def test_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path):
-    """A contrastive penalty over the batch's pairwise distances, sqrt of squared differences, takes each sample's
-    distance to itself: the gradient of sqrt at 0 is Inf, at every step. A GradScaler skips every step and halves
-    its scale; the loss stays finite and the weights stay as they were. The fixed twin adds an epsilon."""
+    """The spread-out loss without its epsilon: a GradScaler skips every step and halves its scale; the loss stays
+    finite and the weights stay as they were. The fixed twin adds the epsilon."""
     x, y = digits()
-    for epsilon, broken in ((0.0, True), (1e-12, False)):
+    for epsilon, broken in ((0.0, True), (1e-6, False)):
         model = net()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         scaler = torch.amp.GradScaler("cpu")
@@ -196,9 +203,7 @@ def test_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path):
             for step in range(60):
                 i = 32 * (step % 40)
                 optimizer.zero_grad()
-                logits = model(x[i:i + 32])
-                distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
-                loss = F.cross_entropy(logits, y[i:i + 32]) - 1e-3 * distances.mean()
+                loss = spread_out(model(x[i:i + 32]), y[i:i + 32], epsilon)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
@@ -213,6 +218,26 @@ def test_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path):
             model.eval()
             assert float((model(x).argmax(1) == y).float().mean()) > 0.8  # it learns
             assert findings(run) == []
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-6])
+def test_lightning_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path, epsilon):
+    """The same under Lightning's mixed precision with a GradScaler (given explicitly: on the CPU, 16-mixed has
+    none). Lightning counts a skipped step as a global step."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    module = helpers.mlp_module()
+    module.training_step = lambda batch, batch_idx: spread_out(module(batch[0]), batch[1], epsilon)
+    scaler = torch.amp.GradScaler("cpu")
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, module, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    run = tripwire.open_run(callback.run_url)
+    if epsilon == 0:
+        assert scaler.get_scale() < 1e-9 and findings(run) == [("skipped_steps", 29, "error")]
+        (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
+        assert "last 30 steps" in verdict.message
+    else:
+        assert trainer.callback_metrics["val_loss"] < 0.8 and findings(run) == []  # it learns (from ln 10)
 
 
 def xgboost_run(out, same_data: bool):

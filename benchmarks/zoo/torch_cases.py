@@ -619,7 +619,7 @@ def spread_out(epsilon: float):
     return loss
 
 
-def grad_scaler_spread(attach, long, epsilon: float = 1e-12):
+def grad_scaler_spread(attach, long, epsilon: float = 1e-6):
     """The dropout CNN under a GradScaler (as fp16 training runs it; here on the CPU) with the spread-out loss."""
     return cnn_dropout(attach, long, loss_fn=spread_out(epsilon), scaler=torch.amp.GradScaler("cpu"))
 

@@ -29,12 +29,13 @@ from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
-from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
+from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch, overflowed
 from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
 
@@ -107,6 +108,8 @@ class TripwireCallback(*_callback_bases()):
         self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
         self._broken = None  # (step, relation) it told, to record at the batch's end
         self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
+        self._stepped_at = -1  # the global step of the last optimizer step that ran (a GradScaler skips some)
+        self._scaled = False  # a GradScaler may skip a step: its optimizers' hooks do not run, and cannot wake this
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
         self._state = "finished"
         self._verdicts: list = []
@@ -224,7 +227,10 @@ class TripwireCallback(*_callback_bases()):
         if self._batches is not None and self._batches.see(step, batch):
             self._decide(trainer, self._recorder.check_relation(step, "repeated_batch", BatchWatch.IN_A_ROW + 1),
                          step)
-        if not sampled and self._watching:  # sleep until the optimizers' hook wakes this callback
+        if self._scaled and step - 1 - self._stepped_at == SKIPPED_STEPS and overflowed(trainer.optimizers) and \
+                self._recorder is not None:  # told at the step it is broken
+            self._decide(trainer, self._recorder.check_relation(step - 1, "skipped_steps", SKIPPED_STEPS), step - 1)
+        if not sampled and self._watching and not self._scaled:  # sleep until the optimizers' hook wakes this
             self._wake_at = self._plan.next_sampled("train", step + 1)
             self.__dict__["on_train_batch_start"] = None
 
@@ -249,13 +255,16 @@ class TripwireCallback(*_callback_bases()):
     def _watch(self, trainer) -> None:
         """Hook each optimizer's step, so that on_train_batch_start can be off between samples. Lightning's
         global step is the count of optimizer steps; after a step N, the next batch is step N + 1. Where an
-        optimizer takes no such hook (not a torch.optim.Optimizer), on_train_batch_start stays on."""
+        optimizer takes no such hook (not a torch.optim.Optimizer), or a GradScaler may skip its step (and the
+        hook with it: Lightning counts the step all the same), on_train_batch_start stays on."""
         optimizers = [getattr(o, "optimizer", o) for o in trainer.optimizers]
+        self._scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
         if self._watching or not optimizers or \
                 not all(callable(getattr(o, "register_step_post_hook", None)) for o in optimizers):
             return
 
         def after_optimizer_step(optimizer, args, kwargs):
+            self._stepped_at = trainer.global_step
             if self._alive is not None:
                 self._alive()
             if self._wake_at is not None and trainer.global_step + 1 >= self._wake_at:
@@ -373,6 +382,8 @@ class TripwireCallback(*_callback_bases()):
                        if k not in self._eval_keys} if capture.wants("metrics") else {}
             if differ is not None:
                 scalars["relations/replicas_differ"] = differ
+            if self._watching and step > self._stepped_at and capture.wants("relations"):  # a GradScaler skipped
+                scalars["relations/skipped_steps"] = step - self._stepped_at if overflowed(trainer.optimizers) else 0
             losses, self._losses = self._losses, []
             loss = sum(losses) / len(losses) if losses else None
             values, tensors = capture.end(loss, trainer.optimizers if capture.wants("optimizer") else (), scalars)

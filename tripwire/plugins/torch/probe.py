@@ -57,7 +57,7 @@ from .firststep import LossSpy
 from .losswatch import KEPT_LOSSES, LossWatch
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
-from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules
+from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed
 from .replicas import Replicas
 from .structure import describe
 
@@ -148,7 +148,7 @@ class TripwireProbe:
                 self._losses.store(self._recorder)
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
-            if self._skipped == SKIPPED_STEPS and _overflowed(self.optimizers):  # told at the step it is broken
+            if self._skipped == SKIPPED_STEPS and overflowed(self.optimizers):  # told at the step it is broken
                 said = self._recorder.check_relation(step, "skipped_steps", self._skipped)
                 if said is not None:
                     decision = said if decision is None else decision.merge(said)
@@ -165,7 +165,7 @@ class TripwireProbe:
             scalars["relations/eval_mode"] = eval_mode_modules(self.model)
             self._eval_mode_said |= scalars["relations/eval_mode"] > 0
         elif self._skipped:
-            scalars["relations/skipped_steps"] = self._skipped if _overflowed(self.optimizers) else 0
+            scalars["relations/skipped_steps"] = self._skipped if overflowed(self.optimizers) else 0
         if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:
@@ -342,13 +342,6 @@ class TripwireProbe:
 def _several_processes() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _overflowed(optimizers) -> bool:
-    """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
-    a GradScaler, not by gradient accumulation (read at a sampled step only)."""
-    return any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
-               for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
 
 
 def _nonfinite(loss) -> bool:

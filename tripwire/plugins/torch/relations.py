@@ -18,6 +18,9 @@
   changing is a step that does nothing (overridden, skipped by a wrapper, a compiled step that never writes back).
   Values are compared, not torch's version counters: a fused optimizer writes without counting.
 The last two are read at sampled steps, in one copy with the rest of the sample.
+- Optimizer steps run: a GradScaler skips a step whose gradients hold Inf/NaN (a few at the start of fp16
+  training, by design); steps skipped one after another, the gradients non-finite still, have no scale left to
+  lower: the model is no longer updated (`overflowed`, read where the plugin counts such steps).
 - The batch changes from step to step, where an epoch holds more than one (BatchWatch). Across ranks, DDP replicas that
 hold the same parameters: tripwire.plugins.torch.replicas.
 """
@@ -287,6 +290,13 @@ def _positive(rate) -> bool:
         return float(rate) > 0
     except (TypeError, ValueError):
         return False
+
+
+def overflowed(optimizers) -> bool:
+    """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
+    a GradScaler, not by gradient accumulation (one pass over the gradients: read at the steps judged only)."""
+    return any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
+               for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
 
 
 def eval_mode_modules(model: torch.nn.Module) -> int:
