@@ -331,6 +331,26 @@ def test_a_train_step_with_an_optimizer_of_its_own_counts_its_steps_across_epoch
     assert not [r for r in caplog.records if "labels" in r.getMessage()]  # no labels: nothing to say
 
 
+def test_steps_a_loss_scale_optimizer_skips_are_steps_all_the_same(tmp_path):
+    """mixed_float16 wraps the optimizer in a LossScaleOptimizer, which skips a step whose scaled gradients
+    overflow and does not count it (optimizer.iterations). Here its initial scale overflows a loss x1000 for the
+    first steps: each epoch's steps are still its own, not the last epoch's again, and validation is recorded at
+    the step after each epoch's last."""
+    model = mlp()
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1e-4), initial_scale=2.0 ** 127)
+    model.compile(optimizer, lambda y, logits: 1e3 * keras.losses.sparse_categorical_crossentropy(
+        y, logits, from_logits=True))
+    cb = TripwireCallback({"collections": {"losses": {}, "metrics": {}}, "sampling": {"every": 10}},
+                          out_dir=tmp_path / "run")
+    fit(cb, model, epochs=3)
+    run = tripwire.open_run(cb.run_url)
+    assert int(optimizer.iterations) == 129 - 10  # the first 10 steps were skipped, and not counted
+    assert run.tensor("losses/train").steps() == list(range(129)) and run.steps("train") == list(range(0, 129, 10))
+    assert run.tensor("metrics/val_loss").steps(mode="eval") == [43, 86, 129]
+    fit(cb, model, epochs=1)  # a next fit goes on where this one ended
+    assert tripwire.open_run(cb.run_url).tensor("losses/train").steps() == list(range(172))
+
+
 TRAINING_IMPORTS = """
 import sys, tempfile
 import numpy as np, keras

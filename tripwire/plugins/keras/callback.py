@@ -1,8 +1,7 @@
 """The Keras 3 callback: an adapter from Keras' hooks onto tripwire.core (TensorFlow, torch and JAX backends).
 
-The step is `model.optimizer.iterations`, read into a Python counter when an
-epoch begins, so an unsampled batch costs one addition and one cached
-comparison (`plan.at`). On a sampled batch `on_train_batch_begin` hands the
+The step is the training batches seen, counted from `model.optimizer.iterations` when fit begins (a Python
+counter: an unsampled batch costs one addition and one cached comparison, `plan.at`). On a sampled batch `on_train_batch_begin` hands the
 step to `StepCapture`, which runs the step through a capture function if it
 needs tensors from inside it (capture.py); `on_train_batch_end` adds the
 metrics Keras logged, records the sample, runs the rules and acts:
@@ -68,8 +67,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._capture: StepCapture | None = None  # kept across fits: its traced functions serve them all
         self._fit_model = None
         self._base = 0  # the global step of the epoch's first batch
-        self._epoch_iterations = 0  # the optimizer's step count when the epoch began
         self._begun = 0  # steps begun in the epoch so far
+        self._epoch_steps = None  # steps per epoch, where Keras knows them
+        self._next = 0  # the step after the last one of this callback's run: where a next fit on it goes on
         self._span = 1
         self._sampled: tuple = ()
         self._state = "finished"
@@ -101,18 +101,20 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.budget_of = self._recorder.tensor_budget
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
-        self._base = self._epoch_iterations = int(model.optimizer.iterations)
-        self._begun = 0
+        self._base, self._begun = max(int(model.optimizer.iterations), self._next), 0
+        self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
 
     def on_train_end(self, logs=None):
+        self._next = self._epoch_end()
         self._close(self._state)
 
     def _open(self, model, structure=None) -> None:
         """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
         if self._recorder is None:
-            # the model this callback trained goes on (its optimizer counted steps): append to its run
-            goes_on = self.run_url is not None and _steps_taken(model) > 0
+            # the model this callback trained goes on (it took steps): append to its run
+            goes_on = self.run_url is not None and (_steps_taken(model) > 0 or model is self._fit_model)
+            self._next = self._next if goes_on else 0
             self._recorder = Recorder(self.config, run_url=self.run_url if goes_on else make_run_url(
                                           self.config, self.out_dir), framework="keras",
                                       framework_version=f"keras {keras.__version__}",
@@ -133,15 +135,14 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.budget_of = self._recorder.tensor_budget
 
     def on_epoch_begin(self, epoch, logs=None):
-        """The epoch's first step: the optimizer's step count, or, where it did not count the last epoch's steps (a
-        train_step that applies its own optimizers, as a GAN's does, leaves model.optimizer unused), the step after
-        the last epoch's, so that each epoch's steps are steps of their own."""
-        iterations = int(self._fit_model.optimizer.iterations)
-        if iterations == self._epoch_iterations and self._begun:
-            self._base += min(self._begun, self.params.get("steps") or self._begun)
-        else:
-            self._base = iterations
-        self._epoch_iterations, self._begun = iterations, 0
+        """The epoch's first step: the step after the last epoch's. Not the optimizer's step count, which a
+        LossScaleOptimizer (mixed_float16) does not advance at the steps it skips, and a train_step that applies
+        its own optimizers (a GAN's) does not advance at all: each epoch's steps would be the last epoch's again."""
+        self._base, self._begun = self._epoch_end(), 0
+
+    def _epoch_end(self) -> int:
+        """The step after the epoch's last begun (Keras counts a short last call of several steps as a full one)."""
+        return self._base + min(self._begun, self._epoch_steps or self._begun)
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch, logs=None):
@@ -167,8 +168,8 @@ class TripwireCallback(keras.callbacks.Callback):
             return
         plans = {c.name: c for c in self._sampled}
         self._sampled = ()
-        if self._span > 1 and self.params.get("steps"):  # Keras counts a short last call as a full one
-            batch = min(batch, self.params["steps"] - 1)
+        if self._span > 1 and self._epoch_steps:  # Keras counts a short last call as a full one
+            batch = min(batch, self._epoch_steps - 1)
         step = self._base + batch  # with steps_per_execution > 1: the call's last step, whose tensors were taken
         values, tensors = self._capture.end()
         # the step's own loss is in the sample where the train step handed it over, or where `losses` is sampled
@@ -221,8 +222,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._sampled:
             self._sampled = ()
             self._capture.end()
-        self._record_eval({k: v for k, v in (logs or {}).items() if k.startswith("val_")},
-                          int(self._fit_model.optimizer.iterations))
+        self._record_eval({k: v for k, v in (logs or {}).items() if k.startswith("val_")}, self._epoch_end())
 
     def on_test_end(self, logs=None):
         """`model.evaluate(..., callbacks=[cb])` outside fit: its metrics under the names evaluate returns, in
@@ -231,7 +231,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._recorder is not None:
             return
         model = self.model
-        step = int(model.optimizer.iterations) if model.optimizer is not None else 0
+        step = max(_steps_taken(model), self._next)
         if not self._plan.at("eval", step):
             return
         self._open(model)
@@ -251,8 +251,7 @@ class TripwireCallback(keras.callbacks.Callback):
     def on_predict_begin(self, logs=None):
         """`model.predict(..., callbacks=[cb])`, if the config has `predictions`: the outputs of the whole call,
         recorded once it ends, in mode predict at the model's step, in this callback's run."""
-        optimizer = getattr(self.model, "optimizer", None)  # none on a model never compiled
-        step = int(optimizer.iterations) if optimizer is not None else 0
+        step = max(_steps_taken(self.model), self._next)
         plan = next((c for c in self._plan.at("predict", step) if c.name == "predictions"), None)
         limit = int(self.config.writer.max_queue_mb * (1 << 19))  # half the writer's queue: the sample fits in it
         self._predicted = Predicted(step, plan, limit) if plan is not None and plan.selects("", "") else None
