@@ -351,6 +351,36 @@ def test_steps_a_loss_scale_optimizer_skips_are_steps_all_the_same(tmp_path):
     assert tripwire.open_run(cb.run_url).tensor("losses/train").steps() == list(range(172))
 
 
+def spread_out(epsilon):
+    """Cross-entropy with a small reward for logits spread apart: the mean pairwise distance, as the sqrt of the
+    squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is NaN, at every
+    step, unless `epsilon` is added inside."""
+    def loss(y, logits):
+        distances = keras.ops.sqrt(keras.ops.sum((logits[:, None] - logits[None]) ** 2, -1) + epsilon)
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True) - \
+            1e-3 * keras.ops.mean(distances)
+    return loss
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-6])
+def test_a_loss_scale_optimizer_that_skips_every_step_is_an_error(tmp_path, epsilon):
+    model = mlp()
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer, spread_out(epsilon))
+    cb = TripwireCallback({"sampling": {"every": 10}, "rules": [{"rule": "training_relations"}]},
+                          out_dir=tmp_path / "run")
+    fit(cb, model, epochs=2)
+    run = tripwire.open_run(cb.run_url)
+    found = [(v.finding, v.step, v.severity) for v in run.verdicts() if v.fired]
+    if epsilon == 0:
+        assert int(optimizer.iterations) == 0 and found == [("skipped_steps", 29, "error")]  # the 30th skip
+        assert "last 30 steps" in run.verdicts()[0].message
+    else:
+        (xt, yt), _ = helpers.digits()
+        assert float(np.mean(np.argmax(model.predict(xt, verbose=0), 1) == yt)) > 0.8  # it learns
+        assert int(optimizer.iterations) == 86 and found == []
+
+
 TRAINING_IMPORTS = """
 import sys, tempfile
 import numpy as np, keras

@@ -105,10 +105,10 @@ class TrainingRelations(Rule):
                  "another at every round so far (warning); `replicas_differ` — under DDP, after an "
                  "optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's (error; "
                  "the probe and Lightning); `skipped_steps` — no optimizer stepped at 30 or more steps in a row, "
-                 "the gradients holding Inf or NaN (a GradScaler that skips every step: error; the probe, told at "
-                 "the 30th step and at the sampled ones). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
+                 "the gradients holding Inf or NaN (a GradScaler or Keras' LossScaleOptimizer that skips every "
+                 "step: error, told at the 30th step in a row; not under JAX). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
                  "`stale_gradients` can break only where the user clears gradients (the probe, Lightning's manual "
-                 "optimisation). Keras applies its gradients itself: it has none of these relations to break")
+                 "optimisation). Keras applies its gradients itself: of these it can break `skipped_steps` only")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
     source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
               "within an iteration; here the relations are known in advance and judged from facts the plugin "

@@ -27,6 +27,7 @@ import numpy as np
 from tripwire.core.config import load_config
 from tripwire.core.naming import COLLECTIONS
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.core.reductions import reduce as reduce_numpy
 from tripwire.core.sinks import EventFileSink, siblings
 
@@ -69,6 +70,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._base = 0  # the global step of the epoch's first batch
         self._begun = 0  # steps begun in the epoch so far
         self._epoch_steps = None  # steps per epoch, where Keras knows them
+        # under a LossScaleOptimizer, which does not count the steps it skips: (its step count, the step it was
+        # last seen to change at)
+        self._counted: tuple | None = None
         self._next = 0  # the step after the last one of this callback's run: where a next fit on it goes on
         self._span = 1
         self._sampled: tuple = ()
@@ -103,6 +107,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base, self._begun = max(int(model.optimizer.iterations), self._next), 0
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
+        self._counted = (int(model.optimizer.iterations), self._base - 1) if _skips_steps(model) else None
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
 
     def on_train_end(self, logs=None):
@@ -119,7 +124,8 @@ class TripwireCallback(keras.callbacks.Callback):
                                           self.config, self.out_dir), framework="keras",
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
-                                      info={"keras_backend": keras.backend.backend()}, provides=PROVIDES,
+                                      info={"keras_backend": keras.backend.backend()},
+                                      provides=PROVIDES | {"relations"} if _skips_steps(model) else PROVIDES,
                                       model=structure if structure is not None else _built(model),
                                       append=self.append or goes_on)
             self._recorder.start()
@@ -165,6 +171,12 @@ class TripwireCallback(keras.callbacks.Callback):
                 decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
                 if decision is not None:
                     self._decide(decision, self._base + batch)
+            if self._counted is not None and self._base + batch == self._counted[1] + SKIPPED_STEPS and \
+                    self._recorder is not None:  # 30 steps since the optimizer was last seen to step: has it since?
+                skipped = self._skipped(self._base + batch)
+                if skipped >= SKIPPED_STEPS:
+                    self._decide(self._recorder.check_relation(self._base + batch, "skipped_steps", skipped),
+                                 self._base + batch)
             return
         plans = {c.name: c for c in self._sampled}
         self._sampled = ()
@@ -185,7 +197,19 @@ class TripwireCallback(keras.callbacks.Callback):
                 values["losses/train"] = {"value": own if own is not None else float(value)}
             elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
                 values[f"metrics/{key}"] = {"value": float(value)}
+        if self._counted is not None and "relations" in plans:
+            values["relations/skipped_steps"] = {"value": float(self._skipped(step))}
         self._decide(self._recorder.record(step, "train", values, tensors), step)
+
+    def _skipped(self, step: int) -> int:
+        """The steps in a row up to this one that a LossScaleOptimizer skipped (its gradients not finite), where
+        its step count has not moved since the step that saw it move (read at sampled steps, and 30 steps after
+        it was last seen to move: a step between two readings that ran is taken to be the last of them, so the
+        count is never too high)."""
+        iterations = int(self._fit_model.optimizer.iterations)
+        if iterations != self._counted[0]:
+            self._counted = (iterations, step)
+        return step - self._counted[1]
 
     def _keep_loss(self, step: int, batch: int, logs, taken: bool) -> float | None:
         """The loss Keras logs (the mean over the epoch so far, on the host at every step) as `metrics/loss`, at
@@ -308,6 +332,14 @@ class TripwireCallback(keras.callbacks.Callback):
                 self._recorder.finish(state)
             finally:
                 self._recorder, self._alive = None, None
+
+
+def _skips_steps(model) -> bool:
+    """Whether the model's optimizer skips the steps whose gradients are not finite, without counting them
+    (a LossScaleOptimizer, as mixed_float16 wraps every optimizer in), and its count can be read during fit (not
+    under JAX, which holds the optimizer's state outside the model until the epoch ends)."""
+    return isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer) and \
+        keras.backend.backend() != "jax"
 
 
 def _steps_taken(model) -> int:
