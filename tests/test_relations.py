@@ -265,6 +265,36 @@ def test_training_in_eval_mode_is_a_warning(tmp_path):
     assert "model.train()" in run.verdicts()[0].hint
 
 
+@pytest.mark.parametrize("in_eval_mode", [False, True])
+def test_validation_in_train_mode_is_a_warning(tmp_path, in_eval_mode):
+    """A validation loop without model.eval(): its dropout is on and its BatchNorm normalises with, and keeps
+    running statistics of, the validation batches. Told at the first evaluation; silent with model.eval()."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for epoch in range(2):
+            model.train()
+            for step in range(20):
+                i = 32 * step
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+            if in_eval_mode:
+                model.eval()
+            with torch.no_grad():
+                val_loss = F.cross_entropy(model(x[-256:]), y[-256:])
+            probe.log_eval({"val_loss": float(val_loss)})
+    run = tripwire.open_run(probe.run_url)
+    if in_eval_mode:
+        assert findings(run) == []
+    else:
+        assert findings(run) == [("train_mode_eval", 20, "warning")]
+        assert "2 dropout" in run.verdicts()[0].message and "model.eval()" in run.verdicts()[0].hint
+
+
 def test_batch_norm_frozen_on_purpose_is_the_users_choice(tmp_path):
     def freeze_batch_norm(model):
         model.train()

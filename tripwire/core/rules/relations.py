@@ -25,6 +25,12 @@ RELATIONS = {
         "the model trained this step in eval mode: {n} dropout / batch-normalisation module(s) ran as at inference "
         "(no dropout, running statistics instead of the batch's)",
         "Call model.train() before the training steps: a validation loop's model.eval() stays in force until then."),
+    "train_mode_eval": (
+        "warning",
+        "the model was evaluated in train mode: {n} dropout / batch-normalisation module(s) ran as in training "
+        "(dropout on, BatchNorm normalising with the validation batches and updating its running statistics "
+        "from them), so the validation metrics are noisier than the model and the model learns from them",
+        "Call model.eval() before the validation loop and model.train() after it; evaluate under torch.no_grad()."),
     "no_gradients": (
         "error",
         "an optimizer stepped while none of the {n} parameter(s) it holds had a gradient (each None or all zero): "
@@ -91,6 +97,8 @@ class TrainingRelations(Rule):
                  "backward pass of the next step on top of a `.grad` that was not cleared (error); `eval_mode` — an "
                  "optimizer stepped while the model, as a whole, was in eval mode, with dropout or batch "
                  "normalisation in it (warning; the probe tells it at the step it happens, sampled or not); "
+                 "`train_mode_eval` — metrics logged as an evaluation after forwards with the model in train mode, "
+                 "dropout or batch normalisation in it (warning; the probe, at the first evaluation); "
                  "`no_gradients` — an optimizer stepped while every parameter it holds had a gradient that was None "
                  "or all zero (error); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
                  "to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "

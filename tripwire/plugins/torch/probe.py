@@ -57,7 +57,7 @@ from .firststep import LossSpy
 from .losswatch import KEPT_LOSSES, LossWatch
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
-from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed
+from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed, train_mode_modules
 from .replicas import Replicas
 from .structure import describe
 
@@ -101,6 +101,7 @@ class TripwireProbe:
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
+        self._train_mode_eval_said = self._eval_mode_said  # and an evaluation in train mode, likewise
         self._sampled = False
         # where a NaN begins, while none has been seen: the step's last training forward (arguments and output,
         # references), judged before the optimizer's update (`_look_for_origin`)
@@ -179,6 +180,12 @@ class TripwireProbe:
     def log_eval(self, metrics: dict) -> None:
         """Record evaluation metrics (e.g. {"val_loss": 0.3}) as `metrics/<name>` in mode eval at this step."""
         step = self.global_step
+        # forwards in train mode since the last step(), and no optimizer step: an evaluation, not a training step
+        if self._begun and not self._stepping and not self._train_mode_eval_said:
+            self._train_mode_eval_said = True
+            said = self._recorder.check_relation(step, "train_mode_eval", train_mode_modules(self.model))
+            if said is not None:
+                self._act(said)
         plan = self._recorder.plan.collections.get("metrics")
         if not self._recorder.plan.at("eval", step) or plan is None:
             return

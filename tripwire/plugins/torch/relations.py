@@ -9,7 +9,9 @@
   long as one of them started from a cleared gradient.
 - The model trains in train mode: a step in which an optimizer stepped, taken with the model in eval mode, runs
   its dropout and batch normalisation as at inference (no dropout, running statistics) — the usual cause being a
-  validation loop's `model.eval()` not followed by `model.train()`. Read from the model's flag, at no cost.
+  validation loop's `model.eval()` not followed by `model.train()`. Read from the model's flag, at no cost. And
+  it is validated in eval mode: forwards in train mode before metrics are logged as an evaluation ran with
+  dropout on and batch normalisation learning from the validation data (the probe: no `model.eval()`).
 - An optimizer's step has gradients to apply: at its step, some parameter it holds has a gradient that is not None
   and not all zero. None anywhere means `zero_grad()` ran between `backward()` and `step()`, or no backward pass
   reached the parameters this optimizer holds.
@@ -297,6 +299,14 @@ def overflowed(optimizers) -> bool:
     a GradScaler, not by gradient accumulation (one pass over the gradients: read at the steps judged only)."""
     return any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
                for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
+
+
+def train_mode_modules(model: torch.nn.Module) -> int:
+    """How many modules whose computation depends on the mode are in train mode (0 where the model as a whole is
+    in eval mode)."""
+    if not model.training:
+        return 0
+    return sum(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules())
 
 
 def eval_mode_modules(model: torch.nn.Module) -> int:
