@@ -87,8 +87,9 @@ AT_LEAST = {"skipped_steps": SKIPPED_STEPS}
 @dataclass
 class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
-    (a missing `zero_grad()`), training in eval mode, an optimizer step with no gradient to apply or that changes
-    nothing, a loader that hands out one batch again and again."""
+    (a missing `zero_grad()`), training in eval mode and validating in train mode, an optimizer step with no
+    gradient to apply or that changes nothing, every step skipped by a loss scaler, a loader that hands out one
+    batch again and again, replicas that drift apart."""
 
     name = "training_relations"
     modes = ("train",)
