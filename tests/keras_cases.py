@@ -80,6 +80,9 @@ SETUPS = [
      "one_unit_softmax"),
     ("one_unit_sigmoid", "sigmoid", 1, "binary_crossentropy", lambda y: (y == 0).astype("float32"), None),
     ("sigmoid_for_targets_in_the_tens", "sigmoid", 1, "mse", lambda y: y * 4.0 + 3, "unreachable_targets"),
+    ("yes_no_by_absolute_error", "sigmoid", 1, "mean_absolute_error", lambda y: (y % 2).astype("float32"),
+     "classes_by_regression"),
+    ("yes_no_by_squared_error", "sigmoid", 1, "mean_squared_error", lambda y: (y % 2).astype("float32"), None),
 ]
 
 

@@ -47,6 +47,10 @@ CASES = [
      lambda out, y: F.mse_loss(out.view(-1), y), lambda y: y.float(), "classes_by_regression"),
     ("ratings_1_to_5_as_one_number", lambda: nn.Linear(32, 1),
      lambda out, y: F.mse_loss(out.view(-1), y), lambda y: (y % 5 + 1).float(), None),
+    ("yes_no_by_absolute_error", lambda: nn.Sequential(nn.Linear(32, 1), nn.Sigmoid()),
+     lambda out, y: F.l1_loss(out.view(-1), y), lambda y: (y % 2).float(), "classes_by_regression"),
+    ("yes_no_by_squared_error", lambda: nn.Sequential(nn.Linear(32, 1), nn.Sigmoid()),
+     lambda out, y: F.mse_loss(out.view(-1), y), lambda y: (y % 2).float(), None),
 ]
 
 

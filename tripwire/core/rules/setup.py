@@ -30,7 +30,8 @@ class LossSetup(Rule):
                  "compete: a softmax was meant); an output "
                  "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
-                 "regression loss (classes learned by mean squared error); labels that are not class ids for a loss "
+                 "regression loss (classes learned by mean squared error), or 0/1 targets of one output under "
+                 "mean absolute error; labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
                  "32 or more labels all of one class among three or more (data ordered by class, not shuffled), "
                  "or 32 or more one-hot rows of three or more classes under a binary loss (info: single-label "
@@ -112,6 +113,13 @@ def _problems(use):
             out.append(("classes_by_regression", "warning", "classes are learned with a regression loss (mean "
                         "squared or absolute error on a softmax or on one-hot targets): its gradient vanishes as "
                         "the outputs saturate. Use cross-entropy on the logits."))
+        elif use.loss == "l1_loss" and (use.units or 1) == 1 and labels.integer and labels.distinct == 2 and \
+                labels.min == 0 and labels.max == 1:
+            out.append(("classes_by_regression", "warning", "yes/no targets (0 and 1) are learned with mean "
+                        "absolute error: its gradient is the same for every sample on the wrong side, and predicting "
+                        "any constant between 0 and 1 scores the same on balanced labels, so the model can stay "
+                        "where it starts (XOR at 0.5). Use binary cross-entropy (BCEWithLogitsLoss, "
+                        "binary_crossentropy) on a sigmoid output, or mean squared error."))
         elif _class_ids(labels) and (use.units or 1) == 1:
             out.append(("classes_by_regression", "warning", f"the targets are the class ids 0 to "
                         f"{labels.max:.0f}, every one of them present, learned as one number by a regression loss: "
