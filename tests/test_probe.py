@@ -206,8 +206,8 @@ def unscaled_targets_fit(probe_dir):
 
 def zero_samples_fit(probe_dir):
     """StackOverflow 31880720's fixed program: samples of 128 ones (label 1) or 128 zeros (label 0), one per step,
-    an MLP ending in a sigmoid under binary cross-entropy, RMSprop (no momentum). A sample of zeros gives the first kernel no
-    gradient, and the step no update: here steps 0 and 1, and every hundredth."""
+    an MLP ending in a sigmoid under binary cross-entropy, RMSprop (no momentum). A sample of zeros gives the first
+    kernel no gradient, and the step no update: here steps 0 and 1, and every hundredth."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(128, 50), torch.nn.ReLU(), torch.nn.Linear(50, 50), torch.nn.ReLU(),
                               torch.nn.Linear(50, 1), torch.nn.Sigmoid())

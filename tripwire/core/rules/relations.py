@@ -115,7 +115,8 @@ class TrainingRelations(Rule):
                  "optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's (error; "
                  "the probe and Lightning); `skipped_steps` — no optimizer stepped at 30 or more steps in a row, "
                  "the gradients holding Inf or NaN (a GradScaler or Keras' LossScaleOptimizer that skips every "
-                 "step: error, told at the 30th step in a row; not under JAX). PyTorch: the probe, Lightning and the Hugging Face Trainer; "
+                 "step: error, told at the 30th step in a row; not under JAX). PyTorch: the probe, Lightning and "
+                 "the Hugging Face Trainer; "
                  "`stale_gradients` can break only where the user clears gradients (the probe, Lightning's manual "
                  "optimisation). Keras applies its gradients itself: of these it can break `skipped_steps` only")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")

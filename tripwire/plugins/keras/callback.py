@@ -1,13 +1,13 @@
 """The Keras 3 callback: an adapter from Keras' hooks onto tripwire.core (TensorFlow, torch and JAX backends).
 
 The step is the training batches seen, counted from `model.optimizer.iterations` when fit begins (a Python
-counter: an unsampled batch costs one addition and one cached comparison, `plan.at`). On a sampled batch `on_train_batch_begin` hands the
-step to `StepCapture`, which runs the step through a capture function if it
+counter: an unsampled batch costs one addition and one cached comparison, `plan.at`). On a sampled batch
+`on_train_batch_begin` hands the step to `StepCapture`, which runs the step through a capture function if it
 needs tensors from inside it (capture.py); `on_train_batch_end` adds the
 metrics Keras logged, records the sample, runs the rules and acts:
 `stop` sets `model.stop_training`, `checkpoint` writes a `.keras` file
 through fsspec, `raise` closes the run and raises. Each epoch's validation
-metrics (`val_*`) are recorded in mode eval at the step the epoch ended;
+metrics (`val_*`) are recorded in mode eval at the step after the epoch's last;
 `model.predict` records its outputs as `predictions` in mode predict.
 
 Under JAX, reading `self.model` in a callback copies the training state back
