@@ -363,7 +363,8 @@ def test_device_reductions_follow_the_core_definitions():
 
     rng = np.random.default_rng(0)
     cases = [rng.normal(size=(16, 8)).astype("float32"), np.maximum(rng.normal(size=(4, 3, 5)), 0).astype("float32"),
-             np.array([1.0, -2.0, 0.0, np.nan, np.inf], dtype="float32"), rng.normal(size=7)]
+             np.array([1.0, -2.0, 0.0, np.nan, np.inf], dtype="float32"), rng.normal(size=7),
+             np.maximum(rng.normal(size=(16, 3, 3, 8)) - 2.5, 0).astype("float32")]  # NHWC: some channels dead
     saturated = np.tanh(rng.normal(scale=8, size=(200, 6))).astype("float32")
     for x, kind in [*((x, "") for x in cases), (saturated, "Dense/tanh"), (cases[0], "Embedding")]:
         names = REDUCTIONS if np.isfinite(x).all() else [r for r in REDUCTIONS if r not in ("p5", "p95")]

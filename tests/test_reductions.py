@@ -15,7 +15,7 @@ REFERENCE = {
     "abs_mean": lambda x: np.abs(x).mean(), "abs_min": lambda x: np.abs(x).min(),
     "abs_max": lambda x: np.abs(x).max(), "zero_fraction": lambda x: (x == 0).mean(),
     "nonfinite_count": lambda x: (~np.isfinite(x)).sum(),
-    "dead_fraction": lambda x: (~(x > 0).reshape(x.shape[0], -1).any(axis=0)).mean(),
+    "dead_fraction": lambda x: (~(x > 0).reshape(-1, x.shape[-1]).any(axis=0)).mean(),
     "p5": lambda x: np.percentile(x, 5), "p95": lambda x: np.percentile(x, 95), "size": np.size,
 }
 KIND_FREE = [r for r in REDUCTIONS if r != "saturated_fraction"]
@@ -48,6 +48,20 @@ def test_numpy_reductions_match_definitions(case):
 
 def test_dead_fraction_counts_units_not_elements():
     assert reduce(arrays()["relu"], ["dead_fraction"])["dead_fraction"] == pytest.approx(0.4)
+
+
+def test_a_dead_unit_is_a_channel_dead_at_every_position():
+    """A convolution's channel shares its weights across positions: it gets a gradient wherever it is positive.
+    Here every channel of a ReLU'd NCHW output is positive at one position of one sample only (image borders and
+    backgrounds are constant: most positions are never positive), and 2 of 8 channels nowhere."""
+    x = np.zeros((32, 8, 6, 6), np.float32)
+    for channel in range(6):
+        x[channel, channel, channel % 6, 3] = 1.0
+    assert reduce(x, ["dead_fraction"], "ReLU", channels=1)["dead_fraction"] == pytest.approx(2 / 8)
+    on_device = torch_reduce._on_device(torch.from_numpy(x), ("dead_fraction",), "ReLU", channels=1)
+    assert float(on_device[0]) == pytest.approx(2 / 8)
+    # the same features last (Keras' NHWC, a sequence's N, T, D)
+    assert reduce(np.moveaxis(x, 1, -1), ["dead_fraction"], "ReLU")["dead_fraction"] == pytest.approx(2 / 8)
 
 
 @pytest.mark.parametrize("kind", ["Tanh", "Sigmoid", "Linear"])

@@ -36,8 +36,10 @@ DESCRIPTIONS = {
     "abs_max": "largest absolute value",
     "zero_fraction": "fraction of elements exactly zero",
     "nonfinite_count": "number of NaN and ±Inf elements",
-    "dead_fraction": "fraction of units (the elements of one sample; axis 0 is the batch) never positive in it; "
-                     "only for batches of at least 16 samples",
+    "dead_fraction": "fraction of units never positive in the batch: a unit is an output feature (a "
+                     "convolution's channel), never positive in any sample at any position that shares its weights "
+                     "(axis 0 is the batch; the features are the last axis, or axis 1 of a torch convolution's "
+                     "NCHW); only for batches of at least 16 samples",
     "saturated_fraction": "for tanh and sigmoid layer outputs: fraction of units saturated in at least 99% of the "
                           "batch (input beyond ±9.4999 for tanh, outside (-23, 16.99999) for sigmoid); only for "
                           "batches of at least 16 samples",
@@ -62,8 +64,8 @@ _ONES = np.ones(_BLOCK, dtype=np.float32)
 class _Parts:
     """Intermediate results of one flat array, each computed at most once."""
 
-    def __init__(self, x: np.ndarray, shape: tuple, kind: str):
-        self.x, self.shape, self.n, self.kind = x, shape, x.size, kind.lower()
+    def __init__(self, x: np.ndarray, shape: tuple, kind: str, channels: int):
+        self.x, self.shape, self.n, self.kind, self.channels = x, shape, x.size, kind.lower(), channels
         self._sum = self._abs = self._l1 = self._sq = self._var = self._percentiles = None
 
     def sum(self) -> float:
@@ -114,9 +116,12 @@ class _Parts:
         return float(self.n - np.count_nonzero(np.isfinite(self.x)))
 
     def dead(self) -> float:
+        """Over the batch and the positions: a convolution's channel (an attention block's feature) gets a
+        gradient where it is positive anywhere, since its weights are shared across the positions."""
         positive = self.x.reshape(self.shape) > 0
         if positive.ndim >= 2:
-            positive = positive.reshape(positive.shape[0], -1).any(axis=0)
+            features = positive.shape[self.channels]
+            positive = np.moveaxis(positive, self.channels, -1).reshape(-1, features).any(axis=0)
         return float(1.0 - np.count_nonzero(positive) / positive.size)
 
     def saturated(self) -> float:
@@ -264,17 +269,18 @@ def plain_array(value) -> np.ndarray:
     return x.astype(np.float32)  # ml_dtypes' bfloat16 and float8_* (numpy kind 'V'), longdouble
 
 
-def reduce(array, names, kind: str = "") -> dict[str, float]:
+def reduce(array, names, kind: str = "", channels: int = -1) -> dict[str, float]:
     """The named reductions of one array that apply to it (`applicable`), as floats.
 
-    kind: the layer type the array comes out of (e.g. 'Tanh'), for reductions that depend on it."""
+    kind: the layer type the array comes out of (e.g. 'Tanh'), for reductions that depend on it; channels: the
+    axis of its output features (dead_fraction's units: -1, or 1 for torch's NCHW convolutions)."""
     x = np.asarray(array)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     names = applicable(names, x.shape, kind)
     if x.size == 0:
         return {n: 0.0 for n in names}
-    parts = _Parts(np.ascontiguousarray(x).reshape(-1), x.shape, kind)
+    parts = _Parts(np.ascontiguousarray(x).reshape(-1), x.shape, kind, channels)
     if math.isfinite(parts.sumsq()):  # no NaN or ±Inf, and no sum can overflow: numpy has nothing to warn about
         return {n: _COMPUTE[n](parts) for n in names}
     with np.errstate(all="ignore"):  # entering it costs more than most reductions of a small tensor

@@ -76,10 +76,12 @@ def _saturated(x, shape, kind):
 
 
 def _dead(x, shape):
-    """Fraction of units (elements of one sample; axis 0 is the batch) never positive in the batch."""
+    """Fraction of units never positive in the batch: a unit is an output feature (Keras keeps them last: a
+    convolution's channel, a sequence's feature), over the samples and every position that shares its weights."""
     positive = ops.greater(x, 0)
     if len(shape) >= 2:
-        positive = ops.any(ops.reshape(positive, (-1, _units(shape))), axis=0)
+        features = shape[-1] if shape[-1] is not None else ops.shape(x)[-1]
+        positive = ops.any(ops.reshape(positive, (-1, features)), axis=0)
     return 1 - ops.mean(ops.cast(positive, x.dtype))
 
 

@@ -28,6 +28,9 @@ from .relations import GradientsCleared, StepEffect
 log = logging.getLogger("tripwire")
 
 PARAM_COLLECTIONS = ("weights", "biases", "gradients", "updates")
+# Layers whose output holds its features at axis 1 (N, C, ...), also in three dimensions (Conv1d's N, C, L)
+CHANNELS_FIRST = (torch.nn.modules.conv._ConvNd, torch.nn.modules.batchnorm._BatchNorm,
+                  torch.nn.modules.instancenorm._InstanceNorm, torch.nn.GroupNorm)
 
 
 class TorchCapture:
@@ -185,14 +188,15 @@ class TorchCapture:
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
             self.take("inputs", "x", tensor)
 
-    def take(self, collection: str, path: str, tensor: torch.Tensor, kind: str = "") -> None:
-        """Reduce (and copy, if asked) one tensor into the sample, if its collection is sampled and selects it."""
+    def take(self, collection: str, path: str, tensor: torch.Tensor, kind: str = "", channels: int = -1) -> None:
+        """Reduce (and copy, if asked) one tensor into the sample, if its collection is sampled and selects it;
+        `channels`: the axis of its output features (an activation's)."""
         plan = self.active.get(collection)
         if plan is None or not plan.selects(path, kind) or not isinstance(tensor, torch.Tensor):
             return
         name = f"{collection}/{path}" if path else collection
         try:
-            self._reductions.add(name, tensor, plan.reductions, kind)
+            self._reductions.add(name, tensor, plan.reductions, kind, channels)
             if plan.save_tensors and (self._budget is None or self._budget.take(name, _nbytes(tensor))):
                 self._tensors[name] = host_array(tensor)
         except Exception as exc:  # noqa: BLE001 - a tensor tripwire cannot read must not stop training
@@ -234,21 +238,26 @@ class TorchCapture:
         name. The modules are found once, the hooks made once; they are registered for this step only."""
         if self._activation_hooks is None:
             self._activation_hooks = []
-            for path, module in self.module.named_modules():
+            modules = dict(self.module.named_modules())
+            for path, module in modules.items():
                 kind = type(module).__name__
                 leaf = next(module.children(), None) is None
                 if path and (plan.include or leaf) and plan.selects(path, kind):
-                    self._activation_hooks.append((module, self._output_hook("activations", path, kind)))
+                    producer = modules.get(self.model.activations.get(path, path) if self.model else path)
+                    self._activation_hooks.append((module, self._output_hook(
+                        "activations", path, kind, isinstance(producer, CHANNELS_FIRST))))
         self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
-    def _output_hook(self, collection: str, path: str, kind: str = ""):
+    def _output_hook(self, collection: str, path: str, kind: str = "", channels_first: bool = False):
         """A module's output: the first of several, or the `logits` of a mapping (a Hugging Face ModelOutput,
-        which also holds the loss)."""
+        which also holds the loss). Its features are axis 1 where it comes from a convolution or a normalisation
+        over channels (NCHW, as any tensor of 4 or more dimensions), else the last axis (a sequence's)."""
         def hook(module, inputs, output):
             tensor = output[0] if isinstance(output, (tuple, list)) else \
                 output.get("logits") if isinstance(output, Mapping) else output
             if isinstance(tensor, torch.Tensor) and self._reductions is not None:
-                self.take(collection, path, tensor, kind)
+                channels = 1 if channels_first or tensor.dim() >= 4 else -1
+                self.take(collection, path, tensor, kind, channels)
         return hook
 
     def _remove_hooks(self) -> None:

@@ -69,7 +69,7 @@ def host_array(t: torch.Tensor, copy: bool = True) -> np.ndarray:
     return t.numpy().copy() if copy else t.numpy()
 
 
-def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
+def _on_device(t: torch.Tensor, names, kind: str = "", channels: int = -1) -> torch.Tensor:
     """The named reductions, which must apply to the tensor (`applicable`), as one tensor on its device."""
     x = t.detach()
     shape = x.shape
@@ -115,10 +115,10 @@ def _on_device(t: torch.Tensor, names, kind: str = "") -> torch.Tensor:
             out.append((x == 0).sum() / n)
         elif name == "nonfinite_count":
             out.append(n - torch.isfinite(x).sum())
-        elif name == "dead_fraction":
+        elif name == "dead_fraction":  # units: output features, over the batch and positions (core.reductions)
             positive = x.reshape(shape) > 0
             if positive.dim() >= 2:
-                positive = positive.reshape(shape[0], -1).any(dim=0)
+                positive = positive.movedim(channels, -1).reshape(-1, shape[channels]).any(dim=0)
             out.append(1 - positive.sum() / max(positive.numel(), 1))
         elif name == "saturated_fraction":
             out.append(_saturated(x.reshape(shape), kind))
@@ -165,8 +165,9 @@ class Reductions:
         self.values: dict[str, dict[str, float]] = {}
         self._device: list[tuple[str, tuple, torch.Tensor]] = []
 
-    def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "") -> None:
-        """Reduce one tensor (raises Unsupported for one that cannot be read)."""
+    def add(self, name: str, tensor: torch.Tensor, names: tuple, kind: str = "", channels: int = -1) -> None:
+        """Reduce one tensor (raises Unsupported for one that cannot be read); `channels`: the axis of its output
+        features (tripwire.core.reductions.reduce)."""
         if tensor.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
                              torch.sparse_bsc):
             self._add_sparse(name, tensor.detach(), names)
@@ -180,11 +181,11 @@ class Reductions:
             if tensor.numel() == 1 and names == ("value",):
                 self.values[name] = {"value": float(tensor.detach())}
             else:
-                self.values[name] = reduce_numpy(host_array(tensor, copy=False), names, kind)
+                self.values[name] = reduce_numpy(host_array(tensor, copy=False), names, kind, channels)
         elif names == ("value",):
             self._device.append((name, names, tensor.detach().reshape(-1)[:1].float()))
         else:
-            self._device.append((name, names, _on_device(tensor, names, kind)))
+            self._device.append((name, names, _on_device(tensor, names, kind, channels)))
 
     def _add_sparse(self, name: str, tensor: torch.Tensor, names: tuple) -> None:
         """A sparse tensor (an embedding's sparse gradient): the reductions its stored values give as the dense
