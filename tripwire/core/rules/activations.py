@@ -19,7 +19,9 @@ class DeadRelu(Rule):
     name = "dead_relu"
     limits = {"threshold_layer": PERCENT, "patience": COUNT}
     condition = ("in a ReLU layer, more than `threshold_layer` % of the units are never positive over the sampled "
-                 "batch (reduction dead_fraction, taken on batches of at least 16 samples) at each of the last "
+                 "batch (reduction dead_fraction, taken on batches of at least 16 samples; a unit is an output "
+                 "feature, a convolution's channel over every position, since its weights are shared across them) "
+                 "at each of the last "
                  "`patience` samples; an error where every unit of the layer is dead; layers holding NaN/Inf are "
                  "left to exploding_tensor")
     hint = ("ReLU units died: they output 0 for every input, so they get no gradient and never recover. Likely "
@@ -27,8 +29,9 @@ class DeadRelu(Rule):
             "rate, LeakyReLU/ELU/GELU, He initialisation with zero biases, batch normalisation before the ReLU.")
     source = ("smdebug DeadRelu: threshold_layer 50 %, threshold_inactivity 1 % (here a unit counts as dead when "
               "it is active for none of the batch's samples, which is below 1 % for batches of up to 100). A unit "
-              "active in a few samples of a hundred looks dead in a batch of 32, and healthy zoo models show up to "
-              "56 % of such units in one layer, so here 70 % over 3 samples; the faults leave 100 %.")
+              "active in a few samples of a hundred looks dead in a batch of 32, and healthy zoo models showed up to "
+              "56 % of such units in one layer (counted per position then), so here 70 % over 3 samples; the "
+              "faults leave 100 %.")
 
     def requires(self):
         return [Requirement("activations", ("dead_fraction",), include=("relu",)),
