@@ -352,13 +352,13 @@ def test_steps_a_loss_scale_optimizer_skips_are_steps_all_the_same(tmp_path):
 
 
 def spread_out(epsilon):
-    """Cross-entropy with a small reward for logits spread apart: the mean pairwise distance, as the sqrt of the
-    squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is NaN, at every
-    step, unless `epsilon` is added inside."""
+    """Cross-entropy with a small hinge that keeps logits apart (pairwise distances below 1), the distances as the
+    sqrt of the squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is
+    NaN, at every step, unless `epsilon` is added inside."""
     def loss(y, logits):
         distances = keras.ops.sqrt(keras.ops.sum((logits[:, None] - logits[None]) ** 2, -1) + epsilon)
-        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True) - \
-            1e-3 * keras.ops.mean(distances)
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True) + \
+            1e-3 * keras.ops.mean(keras.ops.relu(1 - distances))
     return loss
 
 

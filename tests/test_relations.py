@@ -184,11 +184,11 @@ def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path):
 
 
 def spread_out(logits, y, epsilon):
-    """Cross-entropy with a small reward for outputs spread apart: the mean pairwise distance, as the sqrt of the
-    squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is Inf, at every
-    step, unless `epsilon` is added inside."""
+    """Cross-entropy with a small hinge that keeps outputs apart (pairwise distances below 1), the distances as the
+    sqrt of the squared differences, which takes each sample's distance to itself: the gradient of sqrt at 0 is
+    Inf, at every step, unless `epsilon` is added inside."""
     distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
-    return F.cross_entropy(logits, y) - 1e-3 * distances.mean()
+    return F.cross_entropy(logits, y) + 1e-3 * F.relu(1 - distances).mean()
 
 
 def test_a_grad_scaler_that_skips_every_step_is_an_error(tmp_path):

@@ -610,12 +610,12 @@ def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.o
 
 
 def spread_out(epsilon: float):
-    """Cross-entropy with a small reward for outputs spread apart: the mean of the batch's pairwise distances,
-    computed as the sqrt of the squared differences. The pairs include each sample with itself, whose distance 0
-    has a sqrt with an infinite gradient, unless `epsilon` is added inside."""
+    """Cross-entropy with a small hinge that keeps outputs apart: the batch's pairwise distances below 1, computed
+    as the sqrt of the squared differences. The pairs include each sample with itself, whose distance 0 has a sqrt
+    with an infinite gradient (NaN once multiplied by the zero difference), unless `epsilon` is added inside."""
     def loss(logits, y):
         distances = ((logits[:, None] - logits[None]) ** 2).sum(-1).add(epsilon).sqrt()
-        return F.cross_entropy(logits, y) - 1e-3 * distances.mean()
+        return F.cross_entropy(logits, y) + 1e-3 * F.relu(1 - distances).mean()
     return loss
 
 
