@@ -296,9 +296,11 @@ def _positive(rate) -> bool:
 
 def overflowed(optimizers) -> bool:
     """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
-    a GradScaler, not by gradient accumulation (one pass over the gradients: read at the steps judged only)."""
-    return any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
-               for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
+    a GradScaler, not by gradient accumulation (one pass over the gradients and one read of the answer, on an
+    accelerator too: at the steps judged only)."""
+    finite = [torch.isfinite(p.grad).all() for optimizer in optimizers for group in optimizer.param_groups
+              for p in group["params"] if p.grad is not None]
+    return bool(finite) and not bool(torch.stack([f.to(finite[0].device) for f in finite]).all())
 
 
 def train_mode_modules(model: torch.nn.Module) -> int:
