@@ -7,13 +7,14 @@ import time
 import numpy as np
 
 
-def digits(n_train: int | None = None, scale: float = 1.0, minority: int | None = None):
+def digits(n_train: int | None = None, scale: float = 1.0, minority: int | None = None, pixels: bool = False):
     """Standardised digits (x, y) split into train and validation arrays. With `minority=k`, a binary task
-    (is it a 0?) where the zeros are cut down to one per k other digits."""
+    (is it a 0?) where the zeros are cut down to one per k other digits; with `pixels`, not standardised but 8-bit
+    pixel values (0..255), as an image loader gives them before `x / 255`."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
-    x = ((x - x.mean(0)) / (x.std(0) + 1e-6) * scale).astype(np.float32)
+    x = (x * 255 / 16 if pixels else (x - x.mean(0)) / (x.std(0) + 1e-6) * scale).astype(np.float32)
     if minority is not None:
         zeros = np.flatnonzero(y == 0)[: int(np.sum(y != 0) / minority)]
         keep = np.sort(np.concatenate([np.flatnonzero(y != 0), zeros]))

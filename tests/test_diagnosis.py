@@ -103,6 +103,26 @@ def test_dead_relus_are_the_cause_and_the_fix_names_the_layer_and_its_biases(tmp
     assert {"all_zero", "unchanged_tensor"} <= {v.rule for v in found[0].symptoms}
 
 
+@pytest.mark.parametrize("harmed", [True, False], ids=["saturates", "trains"])
+def test_raw_inputs_are_info_until_training_suffers_and_then_the_cause(tmp_path, harmed):
+    """Raw 0..255 pixels are a risk: a ReLU MLP under Adam learns from them (worth a look, no alarm); under SGD at
+    0.1 they blow its steps up and kill its units, and the diagnosis of those names the inputs as the cause."""
+    module = helpers.mlp_module(hidden=(64, 64), optimizer="sgd" if harmed else "adam", lr=0.1 if harmed else 1e-3)
+    callback = TripwireCallback(default_every(10), out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, module, max_epochs=2 if harmed else 8, loaders=helpers.torch_loaders(pixels=True))
+    verdicts = tripwire.open_run(callback.run_url).verdicts()
+    (raw,) = [v for v in verdicts if v.rule == "input_not_normalized"]
+    assert raw.severity == "info" and raw.onset == 0
+    found = diagnose(verdicts)
+    if harmed:
+        assert found[0].primary == raw and found[0].counts
+        assert {"learning_rate", "dead_relu"} <= {v.rule for v in found[0].symptoms}
+        assert summary(verdicts).startswith("diagnosis 1 (error): inputs not normalised, from step 0")
+    else:
+        assert trainer.callback_metrics["val_loss"] < 0.5 and not any(d.counts for d in found), summary(verdicts)
+        assert summary(verdicts).startswith("worth a look (info): inputs not normalised")
+
+
 def test_check_and_show_print_one_block_per_diagnosis(tmp_path):
     callback = TripwireCallback(default_every(10), out_dir=tmp_path / "run")
     helpers.fit(callback, demo_module(dead=True), max_epochs=1)

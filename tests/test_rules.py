@@ -66,8 +66,11 @@ def test_rule_fires_on_fault_only(tmp_path, rule, faulty):
     if not faulty:
         assert found == [], [v.message for v in found]
         return
-    # one verdict per finding (a tensor, a side of a threshold), each at warning or error, none repeated
-    assert found and {v.status for v in found} == {"fired"} and all(v.counts for v in found), found
+    # one verdict per finding (a tensor, a side of a threshold), each at warning or error (raw inputs: info, a risk
+    # that the diagnosis names as the cause of the warnings it brings), none repeated
+    assert found and {v.status for v in found} == {"fired"}, found
+    assert all(v.counts for v in found) if rule != "input_not_normalized" else \
+        {v.severity for v in found} == {"info"}, found
     assert len({(v.finding, v.severity) for v in found}) == len(found)
     assert found[0].hint == tripwire.load_config({"rules": [rule]}).rules[0].create().hint
 
@@ -194,11 +197,12 @@ def test_poor_weight_initialization(tmp_path, fault):
     (v,) = found
     assert v.step == 0 and v.evidence["tensor"] == ("weights/net.0.weight" if fault == "constant" else
                                                     "weights/net.2.weight")
-    if fault == "constant":
-        assert "all weights of weights/net.0.weight are equal" in v.message
-    else:  # std 1 on a 32-wide layer: var 1 against He's 2/32; std 1e-4: var 1e-8 against 1/96
+    if fault == "constant":  # units that never train apart: a fault whatever follows
+        assert "all weights of weights/net.0.weight are equal" in v.message and v.severity == "warning"
+    else:  # std 1 on a 32-wide layer: var 1 against He's 2/32; std 1e-4: var 1e-8 against 1/96. A risk that many
+        # models train through: info, the cause of the warnings where it does harm
         side = "large" if fault == "too_large" else "small"
-        assert f"too {side} for its layer" in v.message and "fan-in 32" in v.message
+        assert f"too {side} for its layer" in v.message and "fan-in 32" in v.message and v.severity == "info"
 
 
 @pytest.mark.parametrize("inputs", [2, 64])

@@ -5,7 +5,9 @@ built-in rule at its default parameters (`all_rules`, sampled more often, so
 that every rule sees many samples). A verdict counts when it fired at
 severity warning or error: on a healthy case that is a false alarm, under
 either config; on a faulty case it is a detection, by the right rule when the
-case names it, required with every rule on.
+case names it, required with every rule on. A risk judged at info (raw
+inputs, a badly scaled start) detects a fault where its diagnosis counts: the
+warnings it explains came.
 """
 
 from __future__ import annotations
@@ -86,15 +88,31 @@ class Result:
         return not self.case.healthy and bool(self.counted)
 
     @property
+    def diagnoses(self) -> list:
+        """The diagnoses that count (tripwire.core.diagnosis): a risk seen at info (raw inputs, a badly scaled
+        start) is the primary cause of the warnings it explains."""
+        from tripwire.core.diagnosis import diagnose
+
+        fired = [v for v in (*self.counted, *self.quiet) if v.fired]
+        return [d for d in diagnose(fired) if d.counts]
+
+    @property
+    def detections(self) -> list:
+        """(rule, step) of what caught the fault: each counted verdict, and each counting diagnosis's primary
+        cause at the step its first warning came."""
+        found = [(v.rule, v.step) for v in self.counted]
+        for d in self.diagnoses:
+            found.append((d.primary.rule, min(v.step for v in d.verdicts if v in self.counted)))
+        return found
+
+    @property
     def right_rule(self) -> bool:
-        return any(v.rule in self.case.catch for v in self.counted)
+        return any(rule in self.case.catch for rule, _ in self.detections)
 
     @property
     def primary(self):
         """The primary cause of the first diagnosis at warning or error (its verdict), or None."""
-        from tripwire.core.diagnosis import diagnose
-
-        found = diagnose(self.counted)
+        found = self.diagnoses
         return found[0].primary if found else None
 
     @property
@@ -105,7 +123,7 @@ class Result:
     @property
     def delay(self) -> int | None:
         """Steps from the fault's onset to the first verdict of a rule that names it."""
-        steps = [v.step for v in self.counted if v.rule in self.case.catch]
+        steps = [step for rule, step in self.detections if rule in self.case.catch]
         return min(steps) - self.case.onset if steps else None
 
     @property

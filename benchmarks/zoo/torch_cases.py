@@ -402,8 +402,9 @@ def dead_relu_bias(attach, long):
 
 
 def inputs_x255(attach, long):
-    """The ReLU MLP fed the raw 0..255 pixel values: the normalisation step was forgotten."""
-    return mlp_relu(attach, long, dataset=raw_pixels)
+    """The tanh MLP fed the raw 0..255 pixel values: the normalisation step was forgotten, and the first layer's
+    units sit at +-1. (The ReLU MLP under Adam learns from raw pixels all the same: there they are a risk, info.)"""
+    return mlp_tanh(attach, long, dataset=raw_pixels)
 
 
 def softmax_into_ce(attach, long):
@@ -427,9 +428,9 @@ def tanh_mlp() -> nn.Sequential:
     return mlp(nn.Tanh)
 
 
-def mlp_tanh(attach, long, build=tanh_mlp):
+def mlp_tanh(attach, long, build=tanh_mlp, dataset=data.digits):
     """A two-hidden-layer tanh MLP on standardised digits, SGD with momentum."""
-    return train_classifier(attach, long, build, sgd(0.01))
+    return train_classifier(attach, long, build, sgd(0.01), dataset=dataset)
 
 
 def tanh_saturated(attach, long):

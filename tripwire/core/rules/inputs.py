@@ -36,6 +36,10 @@ class InputNotNormalized(Rule):
     samples: int = 3  # batches pooled before the rule decides
 
     name = "input_not_normalized"
+    # a risk, not a fault: many models train on raw pixels or counts (Adam, a normalisation inside). On its own it
+    # is worth a look; where training suffers from it (huge gradients, steps, a loss that does not fall) the
+    # diagnosis names it as the cause of those warnings
+    severity = "info"
     limits = {"samples": COUNT}
     condition = ("over the newest `samples` sampled batches of the inputs, the first `samples` steps' first "
                  "(collection `inputs`: float inputs, and Keras' integer inputs where no layer reads them as ids, "

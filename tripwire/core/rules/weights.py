@@ -84,11 +84,14 @@ class PoorWeightInitialization(Rule):
             low, high = init_band(p.fan_in, p.fan_out)
             if var > high * self.threshold or (var < low / self.threshold and p.path != last):
                 side, bound = ("large", high) if var > high else ("small", low)
+                # a badly scaled start is a risk many models train through (info); where it does harm (saturated
+                # or exploding layers, a weight variance out of bounds) the diagnosis names it as their cause.
+                # Equal weights (above) never train apart: a warning
                 found.append(self.fire(
                     step, f"{name} ({p.layer_class}, fan-in {p.fan_in}) starts with weight variance {var:.3g}, "
                           f"{var / bound if side == 'large' else bound / var:.0f}x too {side} for its layer: standard "
-                          f"initialisations give {low:.3g} to {high:.3g}.", finding=name, tensor=name, variance=var,
-                    expected=[low, high]))
+                          f"initialisations give {low:.3g} to {high:.3g}.", severity="info", finding=name, tensor=name,
+                    variance=var, expected=[low, high]))
         return found or None
 
 
