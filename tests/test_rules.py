@@ -443,3 +443,20 @@ def test_a_learning_rate_of_0_after_the_start_is_an_error(tmp_path, factor, fire
             probe.step(loss)
     found = [(v.finding, v.step, v.severity) for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
     assert found == ([("zero", fires, "error")] if fires is not None else [])
+
+
+def test_a_short_last_batch_does_not_make_dead_relu_inapplicable(tmp_path):
+    """1347 training digits in batches of 32 end each epoch on a batch of 3, too few to tell a dead unit: that step
+    is not judged, and the run, judged at every full batch, is not said to be out of the rule's reach."""
+    config = {"rules": ["dead_relu", "exploding_tensor"], "sampling": {"every": 1}}  # both take the activations
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, helpers.mlp_module(), max_epochs=1)
+    run = tripwire.open_run(callback.run_url)
+    assert run.tensor("activations/net.1").tail("dead_fraction")[0] == [41]  # the 43rd step (42) has 3 samples
+    assert [v for v in run.verdicts() if v.rule == "dead_relu"] == []
+
+
+def test_batches_all_too_small_make_dead_relu_inapplicable(tmp_path):
+    found = verdicts("dead_relu", helpers.mlp_module(), every=1, out_dir=tmp_path / "run", max_epochs=1,
+                     loaders=helpers.torch_loaders(batch_size=8))
+    assert [v.status for v in found] == ["no_data"]  # nothing it could judge (no activation is reduced for it)

@@ -37,10 +37,16 @@ class DeadRelu(Rule):
         return [Requirement("activations", ("dead_fraction",), include=("relu",)),
                 Requirement("biases", ("mean", "max"), optional=True)]
 
+    def __post_init__(self):
+        self._judged: set = set()  # workers whose ReLU layers came in a batch large enough at some sample
+
     def check(self, run, step):
         dead = values_at(run, step, "dead_fraction", ["activations"])
-        if not dead and run.tensor_names("activations", step=step) and \
+        if dead:
+            self._judged.add(run.default_worker)
+        elif run.default_worker not in self._judged and run.tensor_names("activations", step=step) and \
                 not values_at(run, step, "saturated_fraction", ["activations"]):
+            # every sample so far too small; an epoch's short last batch after full ones is no reason to say so
             raise NotApplicable("its layers' outputs came in batches of fewer than 16 samples, too few to tell a "
                                 "dead unit from one that was not needed (dead_fraction is not taken)")
         nonfinite = values_at(run, step, "nonfinite_count", ["activations"])
