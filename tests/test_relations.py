@@ -79,7 +79,8 @@ def test_healthy_loops_break_no_relation(tmp_path, clear, accumulate):
     assert findings(run) == []
     # the mode and the optimizer's step are judged at the steps an optimizer took: with accumulation over 4, no
     # sampled step (0, 1, 2, 10, 20, …) is one
-    stepped = {"relations/eval_mode", "relations/no_gradients", "relations/step_changed_nothing"}
+    stepped = {"relations/eval_mode", "relations/no_gradients", "relations/step_changed_nothing",
+               "relations/no_gradient_path"}
     judged = {"relations/stale_gradients"} | (stepped if accumulate == 1 else {"relations/skipped_steps"})
     assert set(run.tensor_names("relations")) == judged
 
@@ -347,8 +348,8 @@ def test_lightning_manual_optimisation(tmp_path, clear, gan):
     if clear is True:
         assert trainer.callback_metrics["val_acc"] > 0.8
         assert findings(run) == []
-        assert sorted(run.tensor_names("relations")) == ["relations/no_gradients", "relations/stale_gradients",
-                                                         "relations/step_changed_nothing"]
+        assert sorted(run.tensor_names("relations")) == ["relations/no_gradient_path", "relations/no_gradients",
+                                                         "relations/stale_gradients", "relations/step_changed_nothing"]
     elif clear == "before_step":
         assert findings(run) == [("no_gradients", 0, "error")]
     else:
@@ -450,3 +451,64 @@ def test_lightning_a_loader_that_repeats_one_batch_is_a_warning(tmp_path, datase
         assert findings(run) == [("repeated_batch", 2, "warning")]
     else:  # a full-batch training sees its one batch at every step, by design
         assert trainer.callback_metrics["val_loss"] < 0.8 and findings(run) == []
+
+
+class BackboneAndHeads(nn.Module):
+    """A backbone and a classifier head, and a second head beside it. `cut`: what reaches the head — the
+    backbone's output as it is (None), detached ("detach"), or computed under torch.no_grad() ("no_grad"); with
+    "online_probe" the second head learns from detached features while the loss reaches the backbone through the
+    first; with "unused" the second head runs and its output is thrown away."""
+
+    def __init__(self, cut=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.cut = cut
+        self.backbone = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
+        self.head, self.second = nn.Linear(32, 10), nn.Linear(32, 10)
+
+    def forward(self, x):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.cut != "no_grad"):
+            features = self.backbone(x)
+        logits = self.head(features.detach() if self.cut == "detach" else features)
+        if self.cut == "online_probe":
+            return logits + self.second(features.detach()) - self.second(features.detach()).detach()
+        if self.cut == "unused":
+            self.second(features)
+        return logits
+
+
+@pytest.mark.parametrize("cut", ["detach", "no_grad", None, "online_probe", "unused"])
+def test_layers_cut_off_from_the_loss_are_a_warning(tmp_path, cut, caplog):
+    """A backbone whose output reaches the head detached never trains: told at step 1 (the first step with a
+    step before it), the log naming its parameters. A cut whose upstream still gets a gradient (an online probe
+    on detached features) and a head whose output the loss does not use are healthy."""
+    x, y = digits()
+    model = BackboneAndHeads(cut)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for step in range(60):
+            i = 32 * (step % 40)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    if cut in ("detach", "no_grad"):
+        assert findings(run) == [("no_gradient_path", 1, "warning")]
+        assert "backbone.0.weight, backbone.0.bias" in caplog.text and "Module `head` received" in caplog.text
+    else:
+        model.eval()
+        assert float((model(x).argmax(1) == y).float().mean()) > 0.8  # it learns
+        assert findings(run) == [] and "relations/no_gradient_path" in run.tensor_names("relations")
+
+
+@pytest.mark.parametrize("cut", ["detach", None])
+def test_lightning_layers_cut_off_from_the_loss_are_a_warning(tmp_path, cut):
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, helpers.classifier(BackboneAndHeads(cut)), max_epochs=3)
+    found = findings(tripwire.open_run(callback.run_url))
+    if cut:
+        assert found == [("no_gradient_path", 1, "warning")]
+    else:
+        assert trainer.callback_metrics["val_loss"] < 0.5 and found == []

@@ -597,12 +597,25 @@ class StopsUpdating(torch.optim.Adam):
         return super().step(closure) if self.calls <= self.working else None
 
 
+class DetachedFeatures(nn.Module):
+    """The CNN's convolutional stages and its classifier, the features handed to the classifier detached (as
+    code that logs or caches them with `.detach()` and then reuses the detached copy): the convolutions never
+    train, while the classifier learns what it can from their random features."""
+
+    def __init__(self, model: nn.Sequential):
+        super().__init__()
+        self.features, self.classifier = model[:7], model[7:]
+
+    def forward(self, x):
+        return self.classifier(self.features(x).detach())
+
+
 def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.optim.Adam, loss_fn=F.cross_entropy,
-                **bugs):
+                build=cnn, **bugs):
     """A CNN with Dropout and MaxPool on digit images in a plain loop, switching train/eval for validation."""
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = dataset()
-    model = cnn()
+    model = build()
     optimizer = optimizer_class(model.parameters(), lr=1e-3)
     evaluate = classification_metrics(xv, yv)
     steps = train_loop(attach, model, optimizer, loader(xt, yt), (10, 40)[long], loss_fn, evaluate,
@@ -635,6 +648,11 @@ def missing_zero_grad(attach, long):
     """The dropout CNN whose loop never calls optimizer.zero_grad(): every step applies the sum of all gradients
     so far (Adam's normalisation hides it from the loss for a while)."""
     return cnn_dropout(attach, long, zero_grad=False)
+
+
+def detached_features(attach, long):
+    """The dropout CNN whose classifier is handed the convolutions' features detached: they never train."""
+    return cnn_dropout(attach, long, build=lambda: DetachedFeatures(cnn()))
 
 
 def eval_mode_training(attach, long):
@@ -908,6 +926,9 @@ CASES: list[Case] = [
          catch=("loss_setup",)),
     Case("lightning", "optimizer_misses_head", optimizer_misses_head,
          fault="optimizer built over the first layer only", catch=("untrained_parameters",), tags=SILENT),
+    Case("torch", "detached_features", detached_features,
+         fault="the classifier's input detached from the convolutions", catch=("training_relations",), onset=1,
+         tags=SILENT),
     Case("torch", "missing_zero_grad", missing_zero_grad, fault="optimizer.zero_grad() never called",
          catch=("training_relations",), onset=1, tags=SILENT),
     Case("torch", "eval_mode_training", eval_mode_training, fault="no model.train() after the first validation",

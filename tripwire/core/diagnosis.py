@@ -52,6 +52,7 @@ CAUSES: dict[str, Cause] = {
     "training_relations:no_gradients": Cause("optimizer steps with no gradient (zero_grad between backward and "
                                              "step?)", _NO_STEP + ("all_zero", "vanishing_gradient")),
     "training_relations:step_changed_nothing": Cause("optimizer steps that change nothing", _NO_STEP),
+    "training_relations:no_gradient_path": Cause("layers cut off from the loss (a detach)", _NO_STEP),
     "training_relations:same_eval_data": Cause("the training data used as validation data", ("overfit",
                                                                                              "overtraining")),
     "first_evaluation": Cause("a model evaluated differently from how it trains", ("overfit", "overtraining",

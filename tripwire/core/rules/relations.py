@@ -38,6 +38,14 @@ RELATIONS = {
         "Call optimizer.zero_grad() before the forward pass or right after optimizer.step(), never between "
         "loss.backward() and optimizer.step(); check that backward() runs before the step and that the loss "
         "reaches these parameters (not computed from detached outputs, .item() or numpy)."),
+    "no_gradient_path": (
+        "warning",
+        "{n} parameter(s) that ran in the forward and that an optimizer steps got no gradient: a module after them "
+        "received its input cut from the graph (`.detach()`, or computed under `torch.no_grad()`), so the loss "
+        "cannot reach them and they never train (the training log names them and the module)",
+        "Remove the `.detach()` (or the `torch.no_grad()` block) between these layers and the loss, and keep the "
+        "computation in torch (not `.item()`, numpy or `.data`). If they are meant to stay fixed, set "
+        "`requires_grad_(False)` on them and leave them out of the optimizer."),
     "step_changed_nothing": (
         "error",
         "an optimizer step left its {n} smallest parameter(s) with a non-zero gradient and a learning rate above 0 "
@@ -88,7 +96,7 @@ AT_LEAST = {"skipped_steps": SKIPPED_STEPS}
 class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
     (a missing `zero_grad()`), training in eval mode and validating in train mode, an optimizer step with no
-    gradient to apply or that changes nothing, every step skipped by a loss scaler, a loader that hands out one
+    gradient to apply or that changes nothing, trained layers cut off from the loss by a detach, every step skipped by a loss scaler, a loader that hands out one
     batch again and again, replicas that drift apart."""
 
     name = "training_relations"
@@ -101,7 +109,11 @@ class TrainingRelations(Rule):
                  "`train_mode_eval` — metrics logged as an evaluation after forwards with the model in train mode, "
                  "dropout or batch normalisation in it (warning; the probe, at the first evaluation); "
                  "`no_gradients` — an optimizer stepped while every parameter it holds had a gradient that was None "
-                 "or all zero (error); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
+                 "or all zero (error); `no_gradient_path` — parameters that ran in the forward, held by an "
+                 "optimizer that stepped, got no gradient at any backward pass of the step, and a module whose "
+                 "forward came after theirs received, while gradients were recorded, a float input that records "
+                 "none (a detached output: warning; a cut whose upstream still gets a gradient by another path, "
+                 "and an unused head with no cut above it, break nothing); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
                  "to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "
                  "a GradScaler skipped is not judged; between samples, on the CPU, the probe and Lightning compare "
                  "each optimizer's smallest such parameter at every step and tell the second step in a row that "

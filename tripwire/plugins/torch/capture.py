@@ -23,7 +23,7 @@ from tripwire.core.model import ModelInfo, parameter_collection
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
-from .relations import GradientsCleared, StepEffect
+from .relations import GradientPath, GradientsCleared, StepEffect
 
 log = logging.getLogger("tripwire")
 
@@ -54,6 +54,9 @@ class TorchCapture:
         self._ran: set = set()  # id of each optimizer whose step ran (None: one the plugin cannot name)
         self._late: list = []  # (path, parameter, its Parameter) whose gradient the step computes itself (a closure)
         self._cleared: GradientsCleared | None = None  # this step's gradient hooks, where relations are sampled
+        self._path: GradientPath | None = None  # this step's forward hooks for cuts in the graph, with them
+        self._stepping: dict = {}  # id(optimizer) -> {id(parameter): parameter} it holds, for this step's hooks
+        self._told_cut = False  # the parameters cut off from the loss were named in the log
         self._effect = StepEffect()  # what this sample's optimizer steps had to apply and did (relations)
 
     # -- phases ---------------------------------------------------------------------------------------------------
@@ -80,8 +83,10 @@ class TorchCapture:
         collection is sampled. A parameter no optimizer holds is untrained_parameters' (its gradient, applied by
         nothing, may well pile up)."""
         if "relations" in self.active and self.mode == "train" and self._cleared is None and optimizers:
-            held = {id(p): p for o in optimizers for _, p, _ in self._parameters_of(o)}
+            self._stepping = {id(_real(o)): {id(p): p for _, p, _ in self._parameters_of(o)} for o in optimizers}
+            held = {key: p for params in self._stepping.values() for key, p in params.items()}
             self._cleared = GradientsCleared(held.values())
+            self._path = GradientPath(self.module)
 
     def before_optimizer_step(self, optimizer=None, gradients_later: bool = False) -> None:
         """The parameters `optimizer` is about to update (every trainable one where it is None): their values
@@ -125,11 +130,13 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
+        ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
+        if self._path is not None:
+            self._judge_gradient_path(ran)
         if self._cleared is not None:
             stale, self._cleared = self._cleared.stale(), None
             if stale is not None:
                 self._scalar("relations/stale_gradients", stale)
-        ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
         for relation, count in self._effect.read(ran).items():
             self._scalar(f"relations/{relation}", count)
         if self.watching_steps and not self._stepped and self.mode == "train":
@@ -161,6 +168,30 @@ class TorchCapture:
         self._late = []
         return values, tensors
 
+    def _judge_gradient_path(self, ran) -> None:
+        """relations/no_gradient_path: the parameters that ran, that an optimizer stepped, and that got no gradient
+        below a cut in the graph (tripwire.plugins.torch.relations.GradientPath); named in the log once. Where
+        several optimizers hold parameters and which stepped is unknown (a GAN's generator rests while its
+        critic trains), not judged."""
+        path, self._path = self._path, None
+        path.remove()
+        if self._cleared is None or ran is None and len(self._stepping) > 1:
+            return
+        stepped = {key: p for o, params in self._stepping.items() if ran is None or o in ran
+                   for key, p in params.items()}
+        if not stepped:
+            return
+        found = path.cut_off(stepped, self._cleared.received())
+        self._scalar("relations/no_gradient_path", 0 if found is None else len(found[0]))
+        if found is not None and not self._told_cut:
+            self._told_cut = True
+            cut, below = found
+            log.warning("tripwire: at step %s, %d parameter(s) that ran in the forward and that an optimizer steps "
+                        "got no gradient: %s%s. Module `%s` received its input cut from the graph (.detach(), or "
+                        "computed under torch.no_grad()), so the loss cannot reach what ran before it.", self.step,
+                        len(cut), ", ".join(cut[:5]), f" and {len(cut) - 5} more" if len(cut) > 5 else "",
+                        below or "(the model)")
+
     def _leave_out_parameters(self) -> None:
         if "skipped" not in self._unread:
             self._unread.add("skipped")
@@ -176,6 +207,9 @@ class TorchCapture:
         if self._cleared is not None:  # closed inside a step: its gradient hooks go too
             self._cleared.remove()
             self._cleared = None
+        if self._path is not None:
+            self._path.remove()
+            self._path = None
         self.active = {}
 
     # -- helpers --------------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ The last two are read at sampled steps, in one copy with the rest of the sample.
 - Optimizer steps run: a GradScaler skips a step whose gradients hold Inf/NaN (a few at the start of fp16
   training, by design); steps skipped one after another, the gradients non-finite still, have no scale left to
   lower: the model is no longer updated (`overflowed`, read where the plugin counts such steps).
+- The loss reaches what trains: parameters that ran in the forward and that an optimizer steps get a gradient,
+  unless the graph was cut above them on purpose and they get one by another path (GradientPath).
 - The batch changes from step to step, where an epoch holds more than one (BatchWatch). Across ranks, DDP replicas that
 hold the same parameters: tripwire.plugins.torch.replicas.
 """
@@ -62,6 +64,10 @@ class GradientsCleared:
 
         return noted
 
+    def received(self) -> set:
+        """The ids of the parameters a gradient arrived at this step."""
+        return set(self._clear)
+
     def stale(self) -> int | None:
         """Parameters whose gradient never arrived at a cleared `.grad` this step; None where no gradient arrived
         (no backward pass ran: nothing to judge). The device flags are read in one copy. Removes the hooks."""
@@ -73,6 +79,67 @@ class GradientsCleared:
         read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
         clear = [[a if isinstance(a, bool) else next(read) for a in arrivals] for arrivals in judged]
         return sum(not any(arrivals) for arrivals in clear)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class GradientPath:
+    """Forward hooks on the model's modules for one sampled training step: whether parameters that ran in the
+    forward and that an optimizer steps got no gradient because the graph was cut above them.
+
+    A cut shows where a module with trainable parameters, while gradients are recorded, receives a float input that
+    records none (`features.detach()`, or features computed under `torch.no_grad()`) although modules ran before
+    it: what ran upstream of that input cannot get a gradient through it. The raw data, at the first module, has
+    nothing upstream. The parameters judged are those of modules whose forward ended before the cut, held by an
+    optimizer that stepped, with no gradient at any backward pass of the step (GradientsCleared's hooks): a cut
+    whose upstream still gets a gradient by another path (an online probe on detached features, truncated
+    backpropagation through time) is by design, and a module whose output the loss does not use (an unused head)
+    has no cut above it."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._ended: dict = {}  # id(parameter) -> (order of its module's first forward end, parameter path)
+        self._cuts: list = []  # (module path, how many module forwards had ended when it received a cut input)
+        self._done = 0  # module forwards ended so far
+        self._handles: list = []
+        for path, m in module.named_modules():
+            own = [(f"{path}.{name}" if path else name, p) for name, p in m.named_parameters(recurse=False)
+                   if p.requires_grad]
+            self._handles.append(m.register_forward_hook(self._after(own)))
+            if any(p.requires_grad for p in m.parameters()):
+                self._handles.append(m.register_forward_pre_hook(self._before(path), with_kwargs=True))
+
+    def _after(self, own: list):
+        def ended(module, args, output):
+            self._done += 1
+            for path, p in own:
+                self._ended.setdefault(id(p), (self._done, path))
+            return None
+
+        return ended
+
+    def _before(self, path: str):
+        def received(module, args, kwargs):
+            if self._done and torch.is_grad_enabled() and any(
+                    t.is_floating_point() and not t.requires_grad for t in _batch_tensors((args, kwargs))):
+                self._cuts.append((path, self._done))
+            return None
+
+        return received
+
+    def cut_off(self, stepped: dict, received: set) -> tuple[list, str] | None:
+        """(paths of the parameters cut off, the module below the cut), or None where none is: `stepped`, id ->
+        parameter of those held by an optimizer that stepped; `received`, the ids that got a gradient. Removes
+        the hooks."""
+        self.remove()
+        for below, done in self._cuts:
+            upstream = [path for key, (ended, path) in self._ended.items()
+                        if ended <= done and key in stepped and key not in received]
+            if upstream:
+                return upstream, below
+        return None
 
     def remove(self) -> None:
         for handle in self._handles:
