@@ -139,6 +139,35 @@ def test_dead_relu(tmp_path, faulty):
             verdict.message
 
 
+@pytest.mark.parametrize("faulty", [True, False], ids=["six_of_eight_dead", "healthy"])
+def test_dead_relu_counts_the_channels_of_a_channels_first_convolution(tmp_path, faulty):
+    """A Conv2D with data_format="channels_first": its units are the channels at axis 1, not the last axis (the
+    image's width, every column of which has live channels). Six of its eight channels held dead by their biases
+    are 75 % of its units."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).reshape(-1, 1, 8, 8).astype("float32")
+    keras.utils.set_random_seed(0)
+    conv = keras.layers.Conv2D(8, 3, activation="relu", data_format="channels_first", padding="same")
+    model = keras.Sequential([keras.Input((1, 8, 8)), conv, keras.layers.Flatten(), keras.layers.Dense(10)])
+    if faulty:
+        kernel, bias = conv.get_weights()
+        bias[:6] = -100.0
+        conv.set_weights([kernel, bias])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    cb = TripwireCallback({"rules": ["dead_relu"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    history = model.fit(x, y, batch_size=32, epochs=1 if faulty else 3, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    (name,) = run.tensor_names("activations")
+    shares = run.tensor(name).tail("dead_fraction", 3)[1]
+    if faulty:
+        assert shares == [0.75] * 3 and fired(cb.run_url)["dead_relu"].step == 20
+    else:
+        assert max(shares) < 0.5 and fired(cb.run_url) == {} and history.history["accuracy"][-1] > 0.8
+
+
 @pytest.mark.parametrize("faulty", [True, False], ids=["lr0", "healthy"])
 def test_loss_not_decreasing(tmp_path, faulty):
     # 43 steps: judged from step 20 on (min_steps), where the default waits 300 steps for a slow start
@@ -366,11 +395,13 @@ def test_device_reductions_follow_the_core_definitions():
              np.array([1.0, -2.0, 0.0, np.nan, np.inf], dtype="float32"), rng.normal(size=7),
              np.maximum(rng.normal(size=(16, 3, 3, 8)) - 2.5, 0).astype("float32")]  # NHWC: some channels dead
     saturated = np.tanh(rng.normal(scale=8, size=(200, 6))).astype("float32")
-    for x, kind in [*((x, "") for x in cases), (saturated, "Dense/tanh"), (cases[0], "Embedding")]:
+    nchw = np.maximum(rng.normal(size=(16, 8, 3, 3)) - 2.5, 0).astype("float32")  # channels first
+    for x, kind, channels in [*((x, "", -1) for x in cases), (saturated, "Dense/tanh", -1),
+                              (cases[0], "Embedding", -1), (nchw, "", 1)]:
         names = REDUCTIONS if np.isfinite(x).all() else [r for r in REDUCTIONS if r not in ("p5", "p95")]
         names = applicable(names, x.shape, kind)  # what a plugin asks for: the reductions that apply
-        got = keras.ops.convert_to_numpy(reduce_ops(x, names, kind)).astype(float)
-        want = np.array([reduce(x, names, kind)[r] for r in names])
+        got = keras.ops.convert_to_numpy(reduce_ops(x, names, kind, channels)).astype(float)
+        want = np.array([reduce(x, names, kind, channels)[r] for r in names])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{kind}: {names}")
     diverged = rng.normal(scale=1e19, size=(64, 64)).astype("float32")  # finite; its float32 squares overflow
     l2 = float(keras.ops.convert_to_numpy(reduce_ops(diverged, ["l2"]))[0])

@@ -120,6 +120,7 @@ class StepCapture:
         self._graph = None
         self._order: dict = {}  # name -> when the step first handed it over: JAX delivers in no fixed order
         self._kinds: dict = {}  # name -> the kind its reductions are computed for
+        self._channels: dict = {}  # name -> the axis of an activation's output features, where not the last
         self._reduced_as: dict = {}  # name -> the reductions the step computes on the device, in order
         self._warned: set = set()
         self.keras_function = keras_function_of(model)
@@ -270,9 +271,12 @@ class StepCapture:
         if key not in self._wrappers:
             call = layer.call
 
+            channels = channels_axis(layer)
+
             def wrapped(*args, **kwargs):
                 out = call(*args, **kwargs)
-                self.emit(collection, path, out[0] if isinstance(out, (tuple, list)) and out else out, kind)
+                self.emit(collection, path, out[0] if isinstance(out, (tuple, list)) and out else out, kind,
+                          channels)
                 return out
 
             self._wrappers[key] = wrapped
@@ -320,8 +324,9 @@ class StepCapture:
             if variable.path in before:
                 self.emit("updates", variable.path, ops.subtract(ops.convert_to_tensor(variable), before[variable.path]))
 
-    def emit(self, collection: str, path: str, tensor, kind: str = "") -> None:
-        """Hand one tensor of the step to tripwire, if its collection is sampled now and selects it."""
+    def emit(self, collection: str, path: str, tensor, kind: str = "", channels: int = -1) -> None:
+        """Hand one tensor of the step to tripwire, if its collection is sampled now and selects it; `channels`:
+        the axis of its output features (an activation's)."""
         plan = self._emitting.get(collection)
         if plan is None or not plan.selects(path, kind):
             return
@@ -332,10 +337,12 @@ class StepCapture:
         try:
             self._order.setdefault(name, len(self._order))
             self._kinds[name] = kind
+            if channels != -1:
+                self._channels[name] = channels
             if self.on_device and collection not in SCALAR_COLLECTIONS and \
                     DEVICE_REDUCTIONS.keys() >= set(plan.reductions):
                 reductions = applicable(plan.reductions, tensor.shape, kind)
-                parts = {"reduced": reduce_ops(tensor, reductions, kind)}
+                parts = {"reduced": reduce_ops(tensor, reductions, kind, channels)}
                 self._reduced_as[name] = reductions
                 if plan.save_tensors:
                     parts["tensor"] = tensor
@@ -398,7 +405,8 @@ class StepCapture:
         elif plan.name in SCALAR_COLLECTIONS:
             self.values[name] = {"value": float(array.reshape(-1)[0])}
         else:
-            self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""))
+            self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""),
+                                             self._channels.get(name, -1))
             if plan.save_tensors and (self.budget is None or self.budget.take(name, array.nbytes)):
                 self.tensors[name] = np.array(array)  # a copy: parameters change in place
 
@@ -417,3 +425,27 @@ class StepCapture:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
+
+
+# Layers whose output keeps its input's layout: an activation's units are the features of the layer before them
+LAYOUT_KEEPING = (keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.ELU,
+                  keras.layers.PReLU, keras.layers.BatchNormalization, keras.layers.Dropout)
+
+
+def channels_axis(layer) -> int:
+    """The axis of a layer's output features: 1 where it, or the layer it takes its input from through layers that
+    keep the layout (an activation, a normalisation, dropout), computes channels first (a Conv2D with
+    data_format="channels_first"); else the last, Keras' default. A layer of a subclassed model, which keeps no
+    record of its inputs, is read by its own format alone."""
+    for _ in range(4):
+        data_format = getattr(layer, "data_format", None)
+        if data_format is not None:
+            return 1 if data_format == "channels_first" else -1
+        if not isinstance(layer, LAYOUT_KEEPING):  # a Dense computes its units on the last axis, whatever came in
+            return -1
+        nodes = getattr(layer, "_inbound_nodes", None)
+        parents = nodes[0].parent_nodes if nodes else []
+        if len(parents) != 1:
+            return -1
+        layer = parents[0].operation
+    return -1

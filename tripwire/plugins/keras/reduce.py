@@ -21,11 +21,11 @@ from keras import ops
 from tripwire.core.reductions import ACTIVE_SHARE, SATURATION_INPUTS, saturating
 
 
-def reduce_ops(x, names, kind: str = ""):
+def reduce_ops(x, names, kind: str = "", channels: int = -1):
     """The named reductions of one tensor as a 1-D float tensor, in the order of `names`, which must apply to it
     (tripwire.core.reductions.applicable).
 
-    kind: as for tripwire.core.reductions.reduce (the layer type)."""
+    kind, channels: as for tripwire.core.reductions.reduce (the layer type, the axis of its output features)."""
     x = ops.convert_to_tensor(x)
     shape = tuple(x.shape)
     if keras.backend.standardize_dtype(x.dtype) != "float64":
@@ -47,8 +47,9 @@ def reduce_ops(x, names, kind: str = ""):
     for name in names:
         if name not in COMPUTE:
             raise ValueError(f"unknown reduction {name!r}")
-        out.append(ops.cast(COMPUTE[name](x=x, flat=flat, shape=shape, kind=kind, mean=mean, var=var,
-                                          absolute=absolute, abs_max=abs_max, percentiles=percentiles), flat.dtype))
+        out.append(ops.cast(COMPUTE[name](x=x, flat=flat, shape=shape, kind=kind, channels=channels, mean=mean,
+                                          var=var, absolute=absolute, abs_max=abs_max, percentiles=percentiles),
+                            flat.dtype))
     return ops.stack(out)
 
 
@@ -75,12 +76,16 @@ def _saturated(x, shape, kind):
     return ops.mean(ops.cast(ops.greater_equal(share, 1.0 - ACTIVE_SHARE), x.dtype))
 
 
-def _dead(x, shape):
-    """Fraction of units never positive in the batch: a unit is an output feature (Keras keeps them last: a
-    convolution's channel, a sequence's feature), over the samples and every position that shares its weights."""
+def _dead(x, shape, channels: int = -1):
+    """Fraction of units never positive in the batch: a unit is an output feature (a convolution's channel, a
+    sequence's feature: last in Keras, at axis `channels` for channels-first layers), over the samples and every
+    position that shares its weights."""
     positive = ops.greater(x, 0)
     if len(shape) >= 2:
-        features = shape[-1] if shape[-1] is not None else ops.shape(x)[-1]
+        if channels != -1 and len(shape) > 2:
+            positive, shape = ops.moveaxis(positive, channels, -1), (*shape[:channels], *shape[channels + 1:],
+                                                                      shape[channels])
+        features = shape[-1] if shape[-1] is not None else ops.shape(positive)[-1]
         positive = ops.any(ops.reshape(positive, (-1, features)), axis=0)
     return 1 - ops.mean(ops.cast(positive, x.dtype))
 
@@ -103,7 +108,7 @@ COMPUTE = {
     "abs_max": lambda abs_max, **_: abs_max(),
     "zero_fraction": lambda flat, **_: ops.mean(ops.cast(ops.equal(flat, 0), flat.dtype)),
     "nonfinite_count": lambda flat, **_: ops.sum(ops.cast(ops.logical_not(ops.isfinite(flat)), flat.dtype)),
-    "dead_fraction": lambda x, shape, **_: _dead(x, shape),
+    "dead_fraction": lambda x, shape, channels, **_: _dead(x, shape, channels),
     "saturated_fraction": lambda x, shape, kind, **_: _saturated(x, shape, kind),
     "p5": lambda percentiles, **_: percentiles()[0],
     "p95": lambda percentiles, **_: percentiles()[1],
