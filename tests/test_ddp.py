@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tripwire
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
@@ -77,3 +79,30 @@ def test_side_process_verdict_is_applied_once_by_its_own_rank(tmp_path):
     run = tripwire.open_run(rank0["run_url"])
     assert run.info["status"] == "stopped"
     assert [v.step for v in run.verdicts(worker=1) if v.fired] == [10]
+
+
+@pytest.mark.parametrize("workers", ["all", "zero"])
+def test_fsdp_shards_are_read_as_whole_parameters_and_never_break_training(tmp_path, workers):
+    """FSDP2 (fully_shard), two CPU processes: each rank holds half of every parameter (a DTensor). The relations'
+    flags read each rank's shard; with a probe on every rank (`workers: all`) the stored reductions of a sharded
+    gradient are those of the whole gradient (the ranks' shard reductions gathered and combined); with one probe on
+    rank 0 alone, no collective is made (the other rank would never join it), and rank 0's shard is read. The
+    healthy model learns and nothing fires."""
+    port = str(29400 + (os.getpid() % 200) + (workers == "all"))
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "train_fsdp.py"),
+                           str(tmp_path / "run"), str(tmp_path / "result"), workers, port], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0["accuracy"] > 0.8
+    run = tripwire.open_run(rank0["run_url"])
+    assert [v for v in run.verdicts() if v.counts] == []
+    gradient = run.tensor("gradients/0.weight")
+    stored = {r: gradient.tail(r)[1][0] for r in ("l2", "mean", "std", "max")}
+    whole = {r: rank0[f"grad_{r}"] for r in ("l2", "mean", "std", "max")}
+    if workers == "all":
+        assert stored == pytest.approx(whole, rel=1e-4, abs=1e-7)
+        assert tripwire.open_run(rank1["run_url"]).tensor("gradients/0.weight").tail("l2")[1][0] == \
+            pytest.approx(whole["l2"], rel=1e-4)
+    else:  # rank 0's half of the rows
+        assert stored["l2"] < whole["l2"] and stored != pytest.approx(whole, rel=1e-4, abs=1e-7)

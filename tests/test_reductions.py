@@ -159,3 +159,17 @@ def test_percentiles_of_large_arrays_are_exact(x):
     got = reduce(x, ["p5", "p95"])
     assert got == {"p5": pytest.approx(float(np.percentile(x, 5)), rel=1e-6),
                    "p95": pytest.approx(float(np.percentile(x, 95)), rel=1e-6)}
+
+
+def test_the_reductions_of_shards_combine_into_the_whole_tensors():
+    """FSDP holds a parameter as one shard per rank (a rank may hold none): the whole tensor's reductions come
+    exactly from each shard's, percentiles and unit reductions aside (they have no such form)."""
+    from tripwire.core.reductions import REDUCTIONS, combine_shards, reduce, shard_reductions
+
+    x = np.random.default_rng(1).normal(loc=0.3, size=(33, 7)).astype("float32")
+    x[3, 2] = 0.0
+    shards = [reduce(part, shard_reductions(REDUCTIONS)) for part in (x[:10], x[10:30], x[30:], x[:0])]
+    combined, whole = combine_shards(shards, REDUCTIONS), reduce(x, REDUCTIONS)
+    assert set(whole) - set(combined) == {"p5", "p95", "dead_fraction"}
+    assert combined == pytest.approx({k: whole[k] for k in combined}, rel=1e-5, abs=1e-7)
+    assert set(combine_shards(shards, ("l2", "std"))) == {"l2", "std"}  # what was asked for, no more

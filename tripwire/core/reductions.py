@@ -269,6 +269,42 @@ def plain_array(value) -> np.ndarray:
     return x.astype(np.float32)  # ml_dtypes' bfloat16 and float8_* (numpy kind 'V'), longdouble
 
 
+# What a sharded tensor's reductions need of each shard to be combined exactly (FSDP: each rank holds a part of
+# every parameter); percentiles and the unit reductions have no such form, so a sharded tensor has none of them.
+SHARD_NEEDS = {"mean": ("size",), "var": ("size", "mean"), "std": ("size", "mean", "var"), "abs_mean": ("size",),
+               "zero_fraction": ("size",)}
+UNSHARDABLE = ("p5", "p95", "dead_fraction", "saturated_fraction")
+
+
+def shard_reductions(names) -> tuple:
+    """The reductions to take of each shard for the named reductions of the whole tensor."""
+    wanted = [n for n in names if n not in UNSHARDABLE]
+    return tuple(dict.fromkeys([*wanted, *(need for n in wanted for need in SHARD_NEEDS.get(n, ())), "size"]))
+
+
+def combine_shards(shards: list, names) -> dict[str, float]:
+    """The named reductions of a tensor from those of its disjoint shards (each reduced with `shard_reductions`):
+    sums add, norms add in squares, extremes take the extreme, means and fractions weigh by size, the variance
+    comes from each shard's mean and variance. A shard of no elements counts in the sums only."""
+    held = [s for s in shards if s.get("size")]
+    n = sum(s["size"] for s in held)
+    out: dict = {"size": float(n), "sum": sum(s.get("sum", 0.0) for s in shards),
+                 "l1": sum(s.get("l1", 0.0) for s in shards),
+                 "nonfinite_count": sum(s.get("nonfinite_count", 0.0) for s in shards),
+                 "l2": math.sqrt(sum(s.get("l2", 0.0) ** 2 for s in shards))}
+    if held:
+        out.update({"min": min(s.get("min", math.inf) for s in held), "max": max(s.get("max", -math.inf) for s in held),
+                    "abs_min": min(s.get("abs_min", math.inf) for s in held),
+                    "abs_max": max(s.get("abs_max", -math.inf) for s in held)})
+        for key in ("mean", "abs_mean", "zero_fraction"):
+            if all(key in s for s in held):
+                out[key] = sum(s[key] * s["size"] for s in held) / n
+        if all("mean" in s and "var" in s for s in held):
+            out["var"] = max(sum(s["size"] * (s["var"] + s["mean"] ** 2) for s in held) / n - out["mean"] ** 2, 0.0)
+            out["std"] = math.sqrt(out["var"])
+    return {k: float(v) for k, v in out.items() if k in names}
+
+
 def reduce(array, names, kind: str = "", channels: int = -1) -> dict[str, float]:
     """The named reductions of one array that apply to it (`applicable`), as floats.
 

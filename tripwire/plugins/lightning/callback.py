@@ -160,7 +160,8 @@ class TripwireCallback(*_callback_bases()):
         if trainer.global_rank == 0:  # Lightning's loggers write on rank 0
             self._recorder.add_sinks(sinks_of(trainer.loggers))
         self._verdicts = self._recorder.verdicts
-        self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget)
+        self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget,
+                                     ranks_together=self.config.workers == "all" and trainer.world_size > 1)
         self._plan = self._recorder.plan
         self._alive = self._recorder.alive if self._recorder.clock else None
         # a step's closure returns the step's loss where a step is one batch: with gradient accumulation it is the

@@ -18,8 +18,10 @@ import logging
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 
 from tripwire.core.model import ModelInfo, parameter_collection
+from tripwire.core.reductions import combine_shards, shard_reductions
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
@@ -34,9 +36,12 @@ CHANNELS_FIRST = (torch.nn.modules.conv._ConvNd, torch.nn.modules.batchnorm._Bat
 
 
 class TorchCapture:
-    def __init__(self, module: torch.nn.Module, plan: CapturePlan, model: ModelInfo, budget=None):
-        """budget: called as a sampled step begins, gives the TensorBudget its full tensors are copied within."""
-        self.module, self.plan, self.model = module, plan, model
+    def __init__(self, module: torch.nn.Module, plan: CapturePlan, model: ModelInfo, budget=None,
+                 ranks_together: bool = False):
+        """budget: called as a sampled step begins, gives the TensorBudget its full tensors are copied within.
+        ranks_together: every rank of the process group captures the same steps (`workers: all`), so that a
+        tensor sharded across them (FSDP) is reduced as a whole, by a collective; else each reads its own shard."""
+        self.module, self.plan, self.model, self.ranks_together = module, plan, model, ranks_together
         self._new_budget = budget
         self._budget = None
         self.active: dict = {}
@@ -57,6 +62,7 @@ class TorchCapture:
         self._path: GradientPath | None = None  # this step's forward hooks for cuts in the graph, with them
         self._stepping: dict = {}  # id(optimizer) -> {id(parameter): parameter} it holds, for this step's hooks
         self._told_cut = False  # the parameters cut off from the loss were named in the log
+        self._sharded: dict = {}  # name -> the reductions asked of a tensor sharded across the ranks (FSDP)
         self._effect = StepEffect()  # what this sample's optimizer steps had to apply and did (relations)
 
     # -- phases ---------------------------------------------------------------------------------------------------
@@ -164,6 +170,8 @@ class TorchCapture:
             if plan is not None and plan.selects(path):
                 self._scalar(name, value)
         values, tensors = self._reductions.to_host(), self._tensors
+        if self._sharded:
+            values = self._combined(values)
         self.active, self._reductions, self._tensors, self._before, self._taken = {}, None, {}, {}, set()
         self._late = []
         return values, tensors
@@ -191,6 +199,28 @@ class TorchCapture:
                         "computed under torch.no_grad()), so the loss cannot reach what ran before it.", self.step,
                         len(cut), ", ".join(cut[:5]), f" and {len(cut) - 5} more" if len(cut) > 5 else "",
                         below or "(the model)")
+
+    def _combined(self, values: dict) -> dict:
+        """Each sharded tensor's reductions over the whole tensor (FSDP's parameters, gradients and updates): the
+        ranks' shard reductions gathered, a few numbers per tensor in one all_gather_object at the sampled steps,
+        which every rank reaches together, and combined (tripwire.core.reductions.combine_shards). Where the
+        gather fails, each rank keeps its shard's, said once."""
+        sharded, self._sharded = self._sharded, {}
+        mine = {name: values[name] for name in sharded if name in values}
+        try:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        except Exception as exc:  # noqa: BLE001 - a failed gather must not take training down
+            if "gather" not in self._unread:
+                self._unread.add("gather")
+                log.warning("tripwire: the reductions of sharded parameters are this rank's shard's: gathering the "
+                            "other ranks' failed (%s: %s)", type(exc).__name__, exc)
+            return values
+        for name, names in sharded.items():
+            shards = [ranks.get(name) for ranks in gathered]
+            if name in mine and all(shard is not None for shard in shards):
+                values[name] = combine_shards(shards, names)
+        return values
 
     def _leave_out_parameters(self) -> None:
         if "skipped" not in self._unread:
@@ -230,7 +260,10 @@ class TorchCapture:
             return
         name = f"{collection}/{path}" if path else collection
         try:
-            self._reductions.add(name, tensor, plan.reductions, kind, channels)
+            reductions = plan.reductions
+            if self.ranks_together and _sharded(tensor):  # FSDP: this rank's shard, with the others' in end()
+                self._sharded[name], reductions = plan.reductions, shard_reductions(plan.reductions)
+            self._reductions.add(name, tensor, reductions, kind, channels)
             if plan.save_tensors and (self._budget is None or self._budget.take(name, _nbytes(tensor))):
                 self._tensors[name] = host_array(tensor)
         except Exception as exc:  # noqa: BLE001 - a tensor tripwire cannot read must not stop training
@@ -325,6 +358,16 @@ def step_closure(args: tuple, kwargs: dict):
 def _real(optimizer):
     """The torch optimizer itself: Lightning's LightningOptimizer wraps it."""
     return getattr(optimizer, "optimizer", optimizer)
+
+
+def _sharded(tensor) -> bool:
+    """Whether a tensor is a DTensor sharded along one dimension over every rank (FSDP's fully_shard): its shards,
+    one per rank, make the whole. A replicated one holds the whole tensor already; one on a mesh of several
+    dimensions (HSDP) repeats its shards, and is read as this rank's shard."""
+    if type(tensor).__name__ != "DTensor" or not (dist.is_available() and dist.is_initialized()):
+        return False
+    placements = tensor.placements
+    return len(placements) == 1 and placements[0].is_shard() and tensor.device_mesh.size() == dist.get_world_size()
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

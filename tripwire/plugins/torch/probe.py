@@ -90,7 +90,8 @@ class TripwireProbe:
                                   info={"torch_version": torch.__version__}, model=structure, append=append)
         self._recorder.start()
         self.run_url = self._recorder.run_url
-        self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget)
+        self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget,
+                                     ranks_together=self.config.workers == "all" and _several_processes())
         # the loss of every step between samples: judged for NaN/Inf at once, kept, and stored at the next sample
         self._losses = LossWatch(keep="losses" in self._recorder.plan.collections)
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss

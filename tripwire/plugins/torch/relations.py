@@ -52,7 +52,7 @@ class GradientsCleared:
 
     def _hook_for(self, param):
         def noted(grad):
-            old = param.grad
+            old = _local(param.grad)
             if old is None:
                 clear = True
             elif old.layout != torch.strided or old.is_meta:
@@ -163,10 +163,12 @@ class StepEffect:
         parameters = [p for p in parameters if p.requires_grad]
         if not parameters:
             return
-        empty = [True if p.grad is None else _all_zero(p.grad) for p in parameters]
-        candidates = sorted((p for p in parameters if p.grad is not None and p.grad.layout == torch.strided
-                             and not p.is_meta and _positive(rates.get(id(p)))), key=torch.Tensor.numel)
-        witnesses = [(p, p.detach().clone(), p.grad.detach().any()) for p in candidates[:WITNESSES]]
+        empty = [True if p.grad is None else _all_zero(_local(p.grad)) for p in parameters]
+        # under FSDP each rank reads its own shard (a rank may hold none of a small parameter: no gradient there)
+        candidates = sorted(((_local(p), _local(p.grad)) for p in parameters if p.grad is not None and
+                             p.grad.layout == torch.strided and not p.is_meta and _positive(rates.get(id(p)))),
+                            key=lambda pg: pg[0].numel())
+        witnesses = [(p, p.detach().clone(), grad.detach().any()) for p, grad in candidates[:WITNESSES]]
         self._steps.append((id(optimizer), len(parameters), empty, witnesses))
 
     def read(self, ran: set | None = None) -> dict[str, int]:
@@ -238,7 +240,7 @@ class UpdateWatch:
         if self.told or isinstance(optimizer, torch.optim.LBFGS):
             return
         for param, group in self._candidates_of(optimizer):
-            grad = param.grad
+            param, grad = _local(param), _local(param.grad)
             if grad is None or grad.layout != torch.strided or param.device.type != "cpu":
                 continue
             rate = group.get("lr")
@@ -347,6 +349,12 @@ def _would_show(before: torch.Tensor, grad: torch.Tensor, rate: float) -> bool:
     return rate * float(grad.detach().abs().max()) > 16 * eps * float(before.abs().max())
 
 
+def _local(t):
+    """This rank's shard of a DTensor (FSDP's parameters and gradients), without a collective; other tensors, and
+    None, as they are."""
+    return t.to_local() if type(t).__name__ == "DTensor" else t
+
+
 def _all_zero(grad: torch.Tensor):
     """A device flag: the gradient is all zero; False (it has one) for a sparse or meta gradient, not judged."""
     if grad.layout != torch.strided or grad.is_meta:
@@ -365,7 +373,7 @@ def overflowed(optimizers) -> bool:
     """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
     a GradScaler, not by gradient accumulation (one pass over the gradients and one read of the answer, on an
     accelerator too: at the steps judged only)."""
-    finite = [torch.isfinite(p.grad).all() for optimizer in optimizers for group in optimizer.param_groups
+    finite = [torch.isfinite(_local(p.grad)).all() for optimizer in optimizers for group in optimizer.param_groups
               for p in group["params"] if p.grad is not None]
     return bool(finite) and not bool(torch.stack([f.to(finite[0].device) for f in finite]).all())
 
