@@ -46,8 +46,9 @@ class Overfit(Rule):
                  "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
                  "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
                  "the best evaluation; or, for a classifier of C classes (from the first step's loss), the validation "
-                 "loss has not once been below `at_chance` times ln C while the training loss fell by `min_delta` "
-                 "of its first value (labels that do not match their inputs)")
+                 "loss has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought "
+                 "no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
+                 "first value (labels that do not match their inputs)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -82,7 +83,11 @@ class Overfit(Rule):
             return None
         chance = _chance(run)
         train_now = seen.recent[-1][2]
-        if chance is not None and seen.lowest >= self.at_chance * chance[0] and \
+        recent = [value for _, value, _ in seen.recent]
+        best, best_step, train_at_best = seen.best
+        # judged once it stopped coming down: a validation loss still falling towards chance (from a huge first
+        # value, raw inputs) is learning, however slowly
+        if chance is not None and seen.lowest >= self.at_chance * chance[0] and min(recent) >= best and \
                 train_now < (1 - self.min_delta) * seen.first_train:
             return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
                                    f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
@@ -91,8 +96,6 @@ class Overfit(Rule):
                                    "other data.", finding="chance", hint=CHANCE_HINT, onset=seen.first_step,
                              chance=chance[0],
                              lowest=seen.lowest, train=train_now)
-        recent = [value for _, value, _ in seen.recent]
-        best, best_step, train_at_best = seen.best
         noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
         margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
         if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
