@@ -43,13 +43,13 @@ def spikes(verdicts) -> list:
 
 def test_a_bad_shard_of_data_is_a_spike_named_at_the_step_it_began(tmp_path):
     probe, _ = probe_fit(tmp_path / "run", corrupt=range(250, 262))
-    assert spikes(probe.verdicts) == [(254, 250, "warning")]  # patience 5: 250-254
+    assert spikes(probe.verdicts) == [(259, 250, "warning")]  # patience 10: 250-259
     (verdict,) = [v for v in probe.verdicts if v.rule == "loss_spike"]
     assert "jumped at step 250" in verdict.message and "before step 250" in verdict.message
     # every step's loss is stored (read at the samples), the spike's step with its facts
     run = tripwire.open_run(probe.run_url)
     assert run.tensor("losses/train").series("value")[0].tolist() == list(range(400))
-    assert run.tensor("spikes/loss_spike").reduction(254, "began") == 250
+    assert run.tensor("spikes/loss_spike").reduction(259, "began") == 250
 
 
 def test_healthy_training_has_no_spike(tmp_path):
@@ -80,7 +80,7 @@ def test_lightning_reads_every_step_s_loss_at_the_next_sample(tmp_path):
 
     callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
     helpers.fit(callback, Shifted(), max_epochs=6)
-    assert spikes(callback.verdicts) == [(154, 150, "warning")]
+    assert spikes(callback.verdicts) == [(159, 150, "warning")]
 
 
 def stream_fires(losses, **params) -> list:
@@ -96,16 +96,16 @@ def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
     fitted = np.abs(noise[:300]) * 1e-6
     fitted[250:256] = 0.03
     assert stream_fires(np.r_[0.5 + noise[:40], fitted]) == []
-    assert stream_fires(np.r_[0.5 + noise[:40], 0.1 + noise[:200] / 10, np.full(6, 0.5)]) == [244]  # not yet fit
-    assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [204]  # a jump that stays
-    assert stream_fires(np.r_[1.0 + noise[:200], 1.5, 1.5, 1.5, 1.0 + noise[:20]]) == []  # shorter than patience
+    assert stream_fires(np.r_[0.5 + noise[:40], 0.1 + noise[:200] / 10, np.full(12, 0.5)]) == [249]  # not yet fit
+    assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [209]  # a jump that stays
+    assert stream_fires(np.r_[1.0 + noise[:200], [1.5] * 7, 1.0 + noise[:20]]) == []  # shorter than patience
 
 
 def test_a_rule_whose_look_at_every_loss_fails_is_dropped_and_training_goes_on(tmp_path, caplog):
     config = {"rules": [{"rule": "custom_rules:FailingLossStream"}, {"rule": "loss_spike"}]}
     probe, losses = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=config)
     assert len(losses) == 400 and "could not judge the loss of step 4" in caplog.text
-    assert spikes(probe.verdicts) == [(254, 250, "warning")]  # the other rule's stream goes on
+    assert spikes(probe.verdicts) == [(259, 250, "warning")]  # the other rule's stream goes on
 
 
 def keras_fit(out, corrupt=range(0)):
@@ -129,7 +129,7 @@ def keras_fit(out, corrupt=range(0)):
 
 def test_keras_tells_each_step_s_loss_from_the_running_mean_it_logs(tmp_path):
     callback = keras_fit(tmp_path / "run", corrupt=range(250, 262))
-    assert spikes(callback.verdicts) == [(254, 250, "warning")]
+    assert spikes(callback.verdicts) == [(259, 250, "warning")]
     steps, losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")
     assert steps.tolist() == list(range(400))
     assert np.median(losses[250:262]) > 3 * np.median(losses[200:250])  # the steps' own, not the epoch's mean
