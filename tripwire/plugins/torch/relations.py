@@ -91,9 +91,9 @@ class GradientPath:
     forward and that an optimizer steps got no gradient because the graph was cut above them.
 
     A cut shows where a module with trainable parameters, while gradients are recorded, receives a float input that
-    records none (`features.detach()`, or features computed under `torch.no_grad()`) although modules ran before
-    it: what ran upstream of that input cannot get a gradient through it. The raw data, at the first module, has
-    nothing upstream. The parameters judged are those of modules whose forward ended before the cut, held by an
+    records none and holds the values of an earlier module's output (the same storage: `features.detach()`, or
+    features computed under `torch.no_grad()`): what ran upstream of that input cannot get a gradient through it.
+    The raw data and masks, made by no module, are no cut. The parameters judged are those of modules whose forward ended before the cut, held by an
     optimizer that stepped, with no gradient at any backward pass of the step (GradientsCleared's hooks): a cut
     whose upstream still gets a gradient by another path (an online probe on detached features, truncated
     backpropagation through time) is by design, and a module whose output the loss does not use (an unused head)
@@ -102,6 +102,7 @@ class GradientPath:
     def __init__(self, module: torch.nn.Module):
         self._ended: dict = {}  # id(parameter) -> (order of its module's first forward end, parameter path)
         self._cuts: list = []  # (module path, how many module forwards had ended when it received a cut input)
+        self._made: set = set()  # the storages of the float outputs of the modules that ran
         self._done = 0  # module forwards ended so far
         self._handles: list = []
         for path, m in module.named_modules():
@@ -116,6 +117,8 @@ class GradientPath:
             self._done += 1
             for path, p in own:
                 self._ended.setdefault(id(p), (self._done, path))
+            self._made.update(_storage(t) for t in _batch_tensors(output) if t.is_floating_point())
+            self._made.discard(None)
             return None
 
         return ended
@@ -123,7 +126,8 @@ class GradientPath:
     def _before(self, path: str):
         def received(module, args, kwargs):
             if self._done and torch.is_grad_enabled() and any(
-                    t.is_floating_point() and not t.requires_grad for t in _batch_tensors((args, kwargs))):
+                    t.is_floating_point() and not t.requires_grad and _storage(t) in self._made
+                    for t in _batch_tensors((args, kwargs))):
                 self._cuts.append((path, self._done))
             return None
 
@@ -347,6 +351,15 @@ def _would_show(before: torch.Tensor, grad: torch.Tensor, rate: float) -> bool:
         return False
     eps = torch.finfo(before.dtype).eps
     return rate * float(grad.detach().abs().max()) > 16 * eps * float(before.abs().max())
+
+
+def _storage(t: torch.Tensor):
+    """Where a tensor's values live (a view and a detached copy share it); None where it has no storage of its own
+    to compare (sparse, nested, a tensor subclass)."""
+    try:
+        return t.untyped_storage().data_ptr() if t.layout == torch.strided and type(t) is torch.Tensor else None
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _local(t):
