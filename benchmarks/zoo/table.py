@@ -54,8 +54,9 @@ def table(results) -> str:
 
 def by_rule(results) -> dict:
     """Each rule's record over the zoo, with every rule on: healthy runs it fired on at warning or error, the faults
-    it is named for, those it fired on, those no rule named for them caught, and the faults it fired on that only
-    other rules are named for."""
+    it is named for, those it fired on (at warning or error, or at info as the primary cause of a diagnosis that
+    counts), those no rule named for them caught, and the faults it fired on that only other rules are named
+    for."""
     mine = [r for r in results if r.config == "all_rules"]
     healthy = [r for r in mine if r.case.healthy]
     record: dict = {}
@@ -63,7 +64,7 @@ def by_rule(results) -> dict:
         entry = record[rule] = {"healthy_runs": len(healthy), "false_alarms": [], "named": [], "fired": [],
                                 "missed": [], "also_fired_on": []}
         for r in mine:
-            fired = rule in r.rules
+            fired = rule in {found for found, _ in r.detections}  # a risk at info counts where it leads a warning
             if r.case.healthy and fired:
                 entry["false_alarms"].append(label(r))
             elif not r.case.healthy and rule in r.case.catch:
