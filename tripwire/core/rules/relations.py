@@ -96,8 +96,8 @@ AT_LEAST = {"skipped_steps": SKIPPED_STEPS}
 class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
     (a missing `zero_grad()`), training in eval mode and validating in train mode, an optimizer step with no
-    gradient to apply or that changes nothing, trained layers cut off from the loss by a detach, every step skipped by a loss scaler, a loader that hands out one
-    batch again and again, replicas that drift apart."""
+    gradient to apply or that changes nothing, trained layers cut off from the loss by a detach, every step
+    skipped by a loss scaler, a loader that hands out one batch again and again, replicas that drift apart."""
 
     name = "training_relations"
     modes = ("train",)
@@ -114,8 +114,8 @@ class TrainingRelations(Rule):
                  "forward came after theirs received, while gradients were recorded, a float input that records "
                  "none and holds an earlier module's output (the same storage: a detached output, or one computed "
                  "under torch.no_grad(); warning; a cut whose upstream still gets a gradient by another path, "
-                 "and an unused head with no cut above it, break nothing); `step_changed_nothing` — an optimizer step left unchanged each of its (up "
-                 "to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "
+                 "and an unused head with no cut above it, break nothing); `step_changed_nothing` — an optimizer "
+                 "step left unchanged each of its (up to 4) smallest parameters that had a non-zero gradient and a learning rate above 0 (error; a step "
                  "a GradScaler skipped is not judged; between samples, on the CPU, the probe and Lightning compare "
                  "each optimizer's smallest such parameter at every step and tell the second step in a row that "
                  "left it unchanged where an update of lr x its largest gradient would have shown in its dtype, so "
