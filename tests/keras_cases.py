@@ -543,3 +543,4 @@ def test_a_loss_that_stays_at_what_predicting_the_mean_scores_is_named_stuck(tmp
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[cb])
     verdict = fired(cb.run_url)["loss_not_decreasing"]
     assert verdict.finding == "stuck" and "about what predicting the targets' mean scores" in verdict.message
+

@@ -40,8 +40,7 @@ def plain(t: torch.Tensor, dense: bool = False) -> torch.Tensor:
         t = t.to_dense()
     if getattr(t, "is_meta", False) or t.device.type == "meta":
         raise Unsupported("it is on the meta device: it has no values")
-    if type(t).__name__ == "DTensor":  # torch.distributed.tensor: this rank's shard, without a collective
-        t = t.to_local()
+    t = local_shard(t)
     if t.is_nested:
         t = torch.cat([part.reshape(-1) for part in t.unbind()])
     if t.is_quantized:
@@ -51,6 +50,12 @@ def plain(t: torch.Tensor, dense: bool = False) -> torch.Tensor:
     if t.is_complex():
         t = t.abs()
     return t if t.dtype in _FLOAT_HOST else t.float()
+
+
+def local_shard(t):
+    """This rank's shard of a DTensor (torch.distributed.tensor: FSDP's parameters and gradients), without a
+    collective; other tensors, and None, as they are."""
+    return t.to_local() if type(t).__name__ == "DTensor" else t
 
 
 def _is_plain(t: torch.Tensor) -> bool:

@@ -35,6 +35,8 @@ import logging
 
 import torch
 
+from .reduce import local_shard
+
 log = logging.getLogger("tripwire")
 
 # Modules whose computation differs between train and eval mode: eval mode during training changes what they do.
@@ -52,7 +54,7 @@ class GradientsCleared:
 
     def _hook_for(self, param):
         def noted(grad):
-            old = _local(param.grad)
+            old = local_shard(param.grad)
             if old is None:
                 clear = True
             elif old.layout != torch.strided or old.is_meta:
@@ -93,8 +95,9 @@ class GradientPath:
     A cut shows where a module with trainable parameters, while gradients are recorded, receives a float input that
     records none and holds the values of an earlier module's output (the same storage: `features.detach()`, or
     features computed under `torch.no_grad()`): what ran upstream of that input cannot get a gradient through it.
-    The raw data and masks, made by no module, are no cut. The parameters judged are those of modules whose forward ended before the cut, held by an
-    optimizer that stepped, with no gradient at any backward pass of the step (GradientsCleared's hooks): a cut
+    The raw data and masks, made by no module, are no cut. The parameters judged are those of modules whose
+    forward ended before the cut, held by an optimizer that stepped, with no gradient at any backward pass of the
+    step (GradientsCleared's hooks): a cut
     whose upstream still gets a gradient by another path (an online probe on detached features, truncated
     backpropagation through time) is by design, and a module whose output the loss does not use (an unused head)
     has no cut above it."""
@@ -135,9 +138,7 @@ class GradientPath:
 
     def cut_off(self, stepped: dict, received: set) -> tuple[list, str] | None:
         """(paths of the parameters cut off, the module below the cut), or None where none is: `stepped`, id ->
-        parameter of those held by an optimizer that stepped; `received`, the ids that got a gradient. Removes
-        the hooks."""
-        self.remove()
+        parameter of those held by an optimizer that stepped; `received`, the ids that got a gradient."""
         for below, done in self._cuts:
             upstream = [path for key, (ended, path) in self._ended.items()
                         if ended <= done and key in stepped and key not in received]
@@ -167,9 +168,9 @@ class StepEffect:
         parameters = [p for p in parameters if p.requires_grad]
         if not parameters:
             return
-        empty = [True if p.grad is None else _all_zero(_local(p.grad)) for p in parameters]
+        empty = [True if p.grad is None else _all_zero(local_shard(p.grad)) for p in parameters]
         # under FSDP each rank reads its own shard (a rank may hold none of a small parameter: no gradient there)
-        candidates = sorted(((_local(p), _local(p.grad)) for p in parameters if p.grad is not None and
+        candidates = sorted(((local_shard(p), local_shard(p.grad)) for p in parameters if p.grad is not None and
                              p.grad.layout == torch.strided and not p.is_meta and _positive(rates.get(id(p)))),
                             key=lambda pg: pg[0].numel())
         witnesses = [(p, p.detach().clone(), grad.detach().any()) for p, grad in candidates[:WITNESSES]]
@@ -244,7 +245,7 @@ class UpdateWatch:
         if self.told or isinstance(optimizer, torch.optim.LBFGS):
             return
         for param, group in self._candidates_of(optimizer):
-            param, grad = _local(param), _local(param.grad)
+            param, grad = local_shard(param), local_shard(param.grad)
             if grad is None or grad.layout != torch.strided or param.device.type != "cpu":
                 continue
             rate = group.get("lr")
@@ -362,12 +363,6 @@ def _storage(t: torch.Tensor):
         return None
 
 
-def _local(t):
-    """This rank's shard of a DTensor (FSDP's parameters and gradients), without a collective; other tensors, and
-    None, as they are."""
-    return t.to_local() if type(t).__name__ == "DTensor" else t
-
-
 def _all_zero(grad: torch.Tensor):
     """A device flag: the gradient is all zero; False (it has one) for a sparse or meta gradient, not judged."""
     if grad.layout != torch.strided or grad.is_meta:
@@ -386,8 +381,8 @@ def overflowed(optimizers) -> bool:
     """Whether a gradient the optimizers hold has an Inf or NaN: a step skipped with such gradients was skipped by
     a GradScaler, not by gradient accumulation (one pass over the gradients and one read of the answer, on an
     accelerator too: at the steps judged only)."""
-    finite = [torch.isfinite(_local(p.grad)).all() for optimizer in optimizers for group in optimizer.param_groups
-              for p in group["params"] if p.grad is not None]
+    finite = [torch.isfinite(local_shard(p.grad)).all() for optimizer in optimizers
+              for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     return bool(finite) and not bool(torch.stack([f.to(finite[0].device) for f in finite]).all())
 
 
