@@ -1,4 +1,4 @@
-"""Family 1: overhead of the Lightning callback on a small MLP (2,000 steps, CPU, one thread).
+"""Family 1: overhead of the Lightning callback on a small MLP (2,000 steps, CPU, one thread; or on a GPU).
 
 Each configuration trains in a fresh process; the figure is `trainer.fit`'s
 wall time, which includes the callback's set-up and its close (the writer's
@@ -42,8 +42,9 @@ def mlp_module(poison=None):
     return Module()
 
 
-def fit(config, steps: int, out_dir: str) -> dict:
-    """Train in this (fresh) process; config "none" means no callback, "empty" a Callback doing nothing."""
+def fit(config, steps: int, out_dir: str, device: str = "cpu") -> dict:
+    """Train in this (fresh) process; config "none" means no callback, "empty" a Callback doing nothing. On
+    "cuda" the Trainer moves the model and each batch to the GPU."""
     import lightning.pytorch as pl
     import torch
 
@@ -58,21 +59,22 @@ def fit(config, steps: int, out_dir: str) -> dict:
 
         callbacks.append(TripwireCallback(config, out_dir=out_dir))
     trainer = pl.Trainer(max_steps=steps, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, accelerator="cpu",
+                         enable_model_summary=False, enable_checkpointing=False, devices=1,
+                         accelerator="gpu" if device == "cuda" else "cpu",
                          callbacks=callbacks)
     with Clock() as clock:
         trainer.fit(mlp_module(), torch.utils.data.DataLoader(data, batch_size=None))
     return {**clock.to_dict(), "steps": trainer.global_step}
 
 
-def run(repeats: int, work: str, steps: int | None = None, **_) -> list[Row]:
+def run(repeats: int, work: str, steps: int | None = None, device: str = "cpu", **_) -> list[Row]:
     steps = 2000 if steps is None else steps
 
     def case(config):
         def call():
             out_dir = tempfile.mkdtemp(dir=work)
             try:
-                return child("lightning_overhead", "fit", config=config, steps=steps, out_dir=out_dir)
+                return child("lightning_overhead", "fit", config=config, steps=steps, out_dir=out_dir, device=device)
             finally:
                 shutil.rmtree(out_dir, ignore_errors=True)
         return call

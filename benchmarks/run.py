@@ -3,6 +3,7 @@
     python -m benchmarks.run                                   # everything (about 15-20 minutes)
     python -m benchmarks.run --only lightning,reading --repeats 3
     python -m benchmarks.run --steps 300                       # a quick pass over smaller sizes
+    python -m benchmarks.run --only lightning,torch --device cuda   # the overhead on a GPU
 
 Every figure is a ratio or a time measured in this run; each configuration
 runs `--repeats` times, interleaved with the others, and the median is shown.
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +39,17 @@ FAMILIES = {
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def machine() -> dict:
+def gpu() -> str:
+    """The GPU's name as nvidia-smi gives it (the parent process does not start CUDA itself)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else "?"
+
+
+def machine(device: str) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
     versions = {}
@@ -47,7 +59,7 @@ def machine() -> dict:
         except metadata.PackageNotFoundError:
             pass
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            **versions}
+            "device": device, **({"gpu": gpu()} if device == "cuda" else {}), **versions}
 
 
 def fmt(row: Row) -> tuple:
@@ -84,6 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help=f"comma-separated families: {','.join(FAMILIES)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration (median; default 3)")
     parser.add_argument("--steps", type=int, help="training steps instead of the documented sizes (quick runs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the lightning and torch families train (default cpu)")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"), help="where to write the JSON")
     args = parser.parse_args(argv)
     chosen = args.only.split(",") if args.only else list(FAMILIES)
@@ -92,6 +106,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.device == "cuda" and set(chosen) - {"lightning", "torch"}:
+        parser.error("--device cuda measures the lightning and torch families only: add --only lightning,torch")
 
     started, load_before = time.time(), os.getloadavg()
     work = tempfile.mkdtemp(prefix="tripwire-bench-")
@@ -101,7 +117,8 @@ def main(argv=None) -> int:
         for family in chosen:
             print(f"[{time.strftime('%H:%M:%S')}] {family} …", file=sys.stderr, flush=True)
             try:
-                rows += FAMILIES[family](repeats=args.repeats, work=work, shared=shared, steps=args.steps)
+                rows += FAMILIES[family](repeats=args.repeats, work=work, shared=shared, steps=args.steps,
+                                         device=args.device)
             except BenchError as exc:
                 rows.append(Row(family, "(family)", None, "", note=f"n/a: {exc}"))
             except Exception as exc:  # noqa: BLE001 - one broken family must not hide the others' figures
@@ -110,9 +127,10 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    info = {**machine(), "load_average_before": load_before, "load_average_after": os.getloadavg()}
+    info = {**machine(args.device), "load_average_before": load_before, "load_average_after": os.getloadavg()}
     text = table(rows)
-    print(f"tripwire benchmarks — {info['cpu']}, {info['cores']} cores, python {info['python']}, "
+    on_gpu = f", on {info['gpu']}" if "gpu" in info else ""
+    print(f"tripwire benchmarks — {info['cpu']}, {info['cores']} cores{on_gpu}, python {info['python']}, "
           f"torch {info.get('torch', '?')}; load average {load_before[0]:.2f} before, "
           f"{info['load_average_after'][0]:.2f} after; median of {args.repeats}, interleaved")
     print(text)

@@ -20,14 +20,15 @@ SMDEBUG = {"plain loop (smdebug venv)": "none", "smdebug default (save_interval=
            "smdebug w+g full every step": "every_step"}
 
 
-def train(config, steps: int, out_dir: str) -> dict:
-    """The plain loop in this (fresh) process, with TripwireProbe unless config is "none"."""
+def train(config, steps: int, out_dir: str, device: str = "cpu") -> dict:
+    """The plain loop in this (fresh) process, with TripwireProbe unless config is "none"; on "cuda" the model and
+    the batches are on the GPU before the clock starts, and the clock waits for the GPU's last kernel."""
     import torch
 
     from .model import batches, mlp, plain_loop, single_thread
 
     single_thread()
-    model, data = mlp(), batches(steps)
+    model, data = mlp().to(device), [(x.to(device), y.to(device)) for x, y in batches(steps)]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
     if config != "none":
@@ -37,16 +38,21 @@ def train(config, steps: int, out_dir: str) -> dict:
         plain_loop(model, optimizer, data, loss_fn, probe.step if probe is not None else None)
         if probe is not None:
             probe.close()
+        if device == "cuda":
+            torch.cuda.synchronize()
     return clock.to_dict()
 
 
-def run(repeats: int, work: str, shared: dict, steps: int | None = None, **_) -> list[Row]:
-    """Rows for both tools; keeps the last full-tensor run of each in `shared` for the reading family."""
+def run(repeats: int, work: str, shared: dict, steps: int | None = None, device: str = "cpu", **_) -> list[Row]:
+    """Rows for both tools; keeps the last full-tensor run of each in `shared` for the reading family. On a GPU,
+    tripwire alone (smdebug's venv holds a CPU build of torch)."""
     steps = 2000 if steps is None else steps
     cases, smd_reason = {}, ""
     for name, config in TRIPWIRE.items():
-        cases[name] = _case(work, shared, name, "torch_loop", "train", config=config, steps=steps)
+        cases[name] = _case(work, shared, name, "torch_loop", "train", config=config, steps=steps, device=device)
     try:
+        if device != "cpu":
+            raise BenchError("smdebug is measured on the CPU only")
         python = smdebug_env.python()
         for name, case in SMDEBUG.items():
             cases[name] = _case(work, shared, name, "smdebug_side", "train", python=python, case=case, steps=steps)

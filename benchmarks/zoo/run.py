@@ -37,12 +37,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--configs", default="default,all_rules", help="comma-separated: default, all_rules")
     parser.add_argument("--short", action="store_true", help="the short runs the test suite uses")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="where the PyTorch cases train (default cpu)")
     parser.add_argument("--check", action="store_true", help="exit 1 if any case fails")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--json-out", help=argparse.SUPPRESS)  # results as JSON, for the process that merges them
     args = parser.parse_args(argv)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend
+    if args.device:
+        os.environ["TRIPWIRE_ZOO_DEVICE"] = args.device
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     quiet_frameworks()

@@ -6,12 +6,15 @@ clipping, fine-tuning a frozen backbone, a tied-embedding language model,
 gradient accumulation, bf16, a GAN, a regressor, an autoencoder. Each reaches a
 target on held-out data that shows it learned. Each faulty twin calls a healthy
 case's builder with one real bug injected. Everything runs on the CPU, on one
-thread, with fixed seeds.
+thread, with fixed seeds; with TRIPWIRE_ZOO_DEVICE=cuda (`run --device cuda`)
+the models, batches and GradScalers are on the GPU instead (the DDP loop stays
+on the CPU, gloo).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import lightning.pytorch as L
 import numpy as np
@@ -26,7 +29,9 @@ from .case import SILENT, Case, Outcome, should_stop
 
 torch.set_num_threads(1)
 
-TRAINER = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+DEVICE = torch.device(os.environ.get("TRIPWIRE_ZOO_DEVICE", "cpu"))
+TRAINER = dict(accelerator="gpu" if DEVICE.type == "cuda" else "cpu", devices=1, logger=False,
+               enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, num_sanity_val_steps=0)
 
 
@@ -341,9 +346,11 @@ def fit(attach, module, train: DataLoader, val: DataLoader | None, epochs: int, 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, x, y) -> float:
-    """The model's accuracy on (x, y), in eval mode."""
+    """The model's accuracy on (x, y), in eval mode, on the device the model is on."""
     model.eval()
-    return (model(torch.as_tensor(x)).argmax(-1) == torch.as_tensor(y)).float().mean().item()
+    device = next(model.parameters()).device
+    predicted = model(torch.as_tensor(x, device=device)).argmax(-1)
+    return (predicted == torch.as_tensor(y, device=device)).float().mean().item()
 
 
 def reached(metric: str, value: float, target: float, steps: int, higher: bool = True) -> Outcome:
@@ -501,7 +508,8 @@ def autoencoder(attach, long):
     steps = fit(attach, model, loader(xt, yt), loader(xv, yv, batch_size=256, shuffle=False), (15, 60)[long])
     model.eval()
     with torch.no_grad():
-        error = F.mse_loss(model(torch.as_tensor(xv)), torch.as_tensor(xv)).item()
+        images = torch.as_tensor(xv, device=next(model.parameters()).device)
+        error = F.mse_loss(model(images), images).item()
     return reached("val_mse / variance", error / float(xv.var()), 0.5, steps, higher=False)
 
 
@@ -532,6 +540,7 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
     Three silent bugs can be put in: no `zero_grad`, `zero_grad` between `backward` and `step`
     (`clear_before_step`), and no `model.train()` after the first validation."""
     steps = 0
+    model.to(DEVICE)  # in place: the optimizer keeps the same parameters
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
     with probe_or_nothing as probe:
         if evaluate_first:
@@ -540,6 +549,7 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
             if train_mode or epoch == 0:
                 model.train()
             for x, y in train:
+                x, y = x.to(DEVICE), y.to(DEVICE)
                 if zero_grad:
                     optimizer.zero_grad()
                 output = model(x)
@@ -576,7 +586,7 @@ def validate(model, evaluate, probe) -> None:
 
 def classification_metrics(x, y, loss_fn=F.cross_entropy):
     """evaluate(model) for a classifier: val_loss and val_acc on (x, y)."""
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    x, y = torch.as_tensor(x, device=DEVICE), torch.as_tensor(y, device=DEVICE)
 
     def evaluate(model):
         logits = model(x)
@@ -634,8 +644,8 @@ def spread_out(epsilon: float):
 
 
 def grad_scaler_spread(attach, long, epsilon: float = 1e-6):
-    """The dropout CNN under a GradScaler (as fp16 training runs it; here on the CPU) with the spread-out loss."""
-    return cnn_dropout(attach, long, loss_fn=spread_out(epsilon), scaler=torch.amp.GradScaler("cpu"))
+    """The dropout CNN under a GradScaler (as fp16 training runs it; here in fp32) with the spread-out loss."""
+    return cnn_dropout(attach, long, loss_fn=spread_out(epsilon), scaler=torch.amp.GradScaler(DEVICE.type))
 
 
 def grad_scaler_skips_every_step(attach, long):
@@ -725,7 +735,7 @@ def tied_lm(attach, long):
 
 def r_squared(x, y):
     """evaluate(model) for a regressor: val_loss (MSE) and val_r2 on (x, y)."""
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    x, y = torch.as_tensor(x, device=DEVICE), torch.as_tensor(y, device=DEVICE)
 
     def evaluate(model):
         mse = F.mse_loss(model(x).squeeze(-1), y).item()
@@ -802,7 +812,6 @@ def ddp(attach, long, bypass: bool = False):
     """The ReLU MLP in a plain DDP loop, two processes on the CPU (gloo), a probe on each rank (`workers: all`, as
     docs/probe.md asks for DDP); learned: rank 0's validation accuracy >= 0.9."""
     import json
-    import os
     import subprocess
     import sys
     import tempfile
