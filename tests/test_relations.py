@@ -15,7 +15,7 @@ import helpers
 import tripwire
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
-from tripwire.plugins.torch.relations import UpdateWatch
+from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
 from tripwire.plugins.xgboost import TripwireCallback as XGBoostCallback
 
 F = nn.functional
@@ -419,8 +419,35 @@ def test_a_failing_update_check_turns_itself_off_without_raising(caplog):
     optimizer.broken = True
     watch = UpdateWatch()
     watch.before(optimizer)  # inside optimizer.step(): an exception here would end the training
-    assert watch.after(optimizer) is False and watch.told
+    assert watch.after(optimizer, 0) is None and watch.told
     assert "it is off for the rest of this run" in caplog.text
+
+
+def test_an_update_check_names_the_step_it_broke_at():
+    """Told at the second step in a row that changed nothing, with that step's number (on an accelerator the
+    answer is read a step or a few later: the number is the step it was about)."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    watch, told = UpdateWatch(), []
+    for step in range(5):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[:32]), y[:32]).backward()
+        watch.before(optimizer)
+        if step < 2:
+            optimizer.step()
+        told.append(watch.after(optimizer, step))
+    assert told == [None, None, None, 3, None]
+
+
+def test_a_batch_is_held_only_where_the_next_step_is_seen():
+    """Three equal batches are a repeat told at the third; where the plugin says it will not see the next step
+    (it sleeps until the next sample), the batch is let go at once and the next one is not compared with it."""
+    batches = [(torch.ones(8, 4), torch.arange(8)) for _ in range(3)]  # equal, each in memory of its own
+    watch = BatchWatch()
+    assert [watch.see(step, batch) for step, batch in enumerate(batches)] == [False, False, True]
+    watch = BatchWatch()
+    assert [watch.see(step, batch, next_seen=step != 1) for step, batch in enumerate(batches)] == [False] * 3
 
 
 class IgnoresItsIndex(torch.utils.data.Dataset):

@@ -225,13 +225,15 @@ class TripwireCallback(*_callback_bases()):
         if sampled != self._sampled:
             self._sampled = sampled
             self._listen(sampled)
-        if self._batches is not None and self._batches.see(step, batch):
+        sleeps = not sampled and self._watching and not self._scaled  # till the next sampled step
+        if self._batches is not None and self._batches.see(
+                step, batch, sampled, next_seen=not sleeps or self._plan.next_sampled("train", step + 1) == step + 1):
             self._decide(trainer, self._recorder.check_relation(step, "repeated_batch", BatchWatch.IN_A_ROW + 1),
                          step)
         if self._scaled and step - 1 - self._stepped_at == SKIPPED_STEPS and overflowed(trainer.optimizers) and \
                 self._recorder is not None:  # told at the step it is broken
             self._decide(trainer, self._recorder.check_relation(step - 1, "skipped_steps", SKIPPED_STEPS), step - 1)
-        if not sampled and self._watching and not self._scaled:  # sleep until the optimizers' hook wakes this
+        if sleeps:  # until the optimizers' hook wakes this
             self._wake_at = self._plan.next_sampled("train", step + 1)
             self.__dict__["on_train_batch_start"] = None
 
@@ -273,8 +275,10 @@ class TripwireCallback(*_callback_bases()):
                 self.__dict__.pop("on_train_batch_start", None)
             if len(self._loss_watch.kept) >= KEPT_LOSSES:
                 self._loss_watch.store(self._recorder)
-            if self._updates is not None and not self._sampled and self._updates.after(optimizer):
-                self._broken = (trainer.global_step, "step_changed_nothing")  # recorded when this batch ends
+            broke_at = self._updates.after(optimizer, trainer.global_step) \
+                if self._updates is not None and not self._sampled else None
+            if broke_at is not None:
+                self._broken = (broke_at, "step_changed_nothing")  # recorded when this batch ends
                 self.__dict__.pop("on_train_batch_end", None)
 
         def before_optimizer_step(optimizer, args, kwargs):

@@ -1,9 +1,8 @@
 """The training loss of every step, judged for NaN/Inf without holding training up, and kept where asked.
 
 Shared by the Lightning callback and the plain-loop probe. On the CPU the loss is read at once (a scalar read,
-about a microsecond). On an accelerator, reading it would wait for the device: its finiteness is copied to
-pinned host memory without waiting, and judged at a later step once the copy is done (a step whose copy is not
-done yet is not judged, so no step ever waits).
+about a microsecond). On an accelerator, reading it would wait for the device: its finiteness is read late
+(LateRead: at a later step, once the device got there), so no step ever waits.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from .lateread import LateRead
 
 KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before they are read (`store`)
 
@@ -20,8 +20,7 @@ KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before th
 class LossWatch:
     def __init__(self, keep: bool = False):
         """keep: also keep each step's loss (a reference, no copy), read all at once by `drain()`."""
-        self._pending = None  # (step, event) of an accelerator's loss whose finiteness is being copied
-        self._flag = None  # the pinned host buffer those copies go to
+        self._finite = LateRead()  # an accelerator's losses: whether each is finite, with its step
         self.keep = keep
         self.kept: list = []  # (step, loss) seen since the last drain()
 
@@ -70,27 +69,13 @@ class LossWatch:
         loss = loss.detach()
         if loss.device.type == "cpu":
             return _on_host(step, loss)
-        if loss.device.type != "meta" and self._pending is None:
-            self._copy(step, loss)
+        if loss.device.type != "meta":
+            self._finite.put(torch.isfinite(loss).all(), step)
         return None
 
-    def _copy(self, step: int, loss: torch.Tensor) -> None:
-        try:
-            if self._flag is None:
-                self._flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
-            self._flag.copy_(torch.isfinite(loss).all(), non_blocking=True)
-            event = getattr(torch, loss.device.type).Event()
-            event.record()
-            self._pending = (step, event)
-        except (AttributeError, RuntimeError):  # a device without events or pinned memory: not judged
-            self._pending = None
-
     def _judge_pending(self) -> tuple[int, float] | None:
-        if self._pending is None or not self._pending[1].query():
-            return None
-        step, _ = self._pending
-        self._pending = None
-        return None if bool(self._flag) else (step, float("nan"))
+        """The first of the accelerator's losses read since the last step that is not finite."""
+        return next(((step, float("nan")) for step, finite in self._finite.ready() if not finite), None)
 
 
 def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:

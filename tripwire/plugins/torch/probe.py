@@ -277,8 +277,10 @@ class TripwireProbe:
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_step = None
-        if self._updates is not None and not self._sampled and self._updates.after(optimizer):
-            told = self._recorder.check_relation(self.global_step, "step_changed_nothing", 1)
+        broke_at = self._updates.after(optimizer, self.global_step) \
+            if self._updates is not None and not self._sampled else None
+        if broke_at is not None:
+            told = self._recorder.check_relation(broke_at, "step_changed_nothing", 1)
             if told is not None:
                 self._told = told if self._told is None else self._told.merge(told)
 

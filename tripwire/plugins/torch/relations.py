@@ -35,6 +35,7 @@ import logging
 
 import torch
 
+from .lateread import LateRead
 from .reduce import local_shard
 
 log = logging.getLogger("tripwire")
@@ -204,11 +205,12 @@ class UpdateWatch:
     stops updating in the middle of a run (an overridden or wrapped step that returns early, a compiled step that
     never writes back) is told within a step of its first effect, not at the next sampled step.
 
-    One witness per optimizer: its smallest parameter with a gradient, a learning rate above 0 and a place on the
-    CPU, copied just before the update and compared just after it (four operations on a bias-sized tensor; on an
-    accelerator the read would wait for the device, so the sampled steps alone judge it). A step that left it
-    unchanged although its gradient was not zero, and although an update of `lr x largest |gradient|` would have
-    shown in its dtype (late in a schedule, or in bf16, an update can round away), is broken; two steps in a row
+    One witness per optimizer: its smallest parameter with a gradient and a learning rate above 0, copied just
+    before the update and compared just after it (a few operations on a bias-sized tensor). On the CPU the answer
+    is read at once; on an accelerator it is read late (LateRead: at a later step, once the device got there),
+    so that no step waits, and told with the step it was about. A step that left the witness unchanged although
+    its gradient was not zero, and although an update of `lr x largest |gradient|` would have shown in its dtype
+    (late in a schedule, or in bf16, an update can round away), is broken; two of an optimizer's steps in a row
     are told, once per run. LBFGS is not judged: a converged search step changes nothing by design."""
 
     IN_A_ROW = 2
@@ -216,7 +218,9 @@ class UpdateWatch:
     def __init__(self):
         self._candidates: dict = {}  # id(optimizer) -> (parameter count, [(parameter, its group)] smallest first)
         self._copies: dict = {}  # id(optimizer) -> (parameter, copy before the update, gradient, learning rate)
-        self._broken: dict = {}  # id(optimizer) -> steps in a row that changed nothing
+        self._judged: dict = {}  # id(optimizer) -> steps of it judged so far (dropped reads included)
+        self._broken: dict = {}  # id(optimizer) -> (the last judged step's number among them, steps in a row broken)
+        self._answers = LateRead(width=3, dtype=torch.float32)  # accelerators: (changed, max |grad|, max |before|)
         self.told = False
 
     def before(self, optimizer) -> None:
@@ -227,13 +231,15 @@ class UpdateWatch:
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
 
-    def after(self, optimizer) -> bool:
-        """Just after `optimizer`'s update: True the first time it changed nothing IN_A_ROW steps in a row."""
+    def after(self, optimizer, step: int) -> int | None:
+        """Just after `optimizer`'s update, the training's `step`: the step at which the relation broke, the first
+        time an optimizer changed nothing IN_A_ROW steps in a row (on an accelerator, known a step or a few
+        later); None otherwise."""
         try:
-            return self._after(getattr(optimizer, "optimizer", optimizer))
+            return self._after(getattr(optimizer, "optimizer", optimizer), step)
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
-            return False
+            return None
 
     def _give_up(self, exc: Exception) -> None:
         self.told, self._copies = True, {}
@@ -246,7 +252,7 @@ class UpdateWatch:
             return
         for param, group in self._candidates_of(optimizer):
             param, grad = local_shard(param), local_shard(param.grad)
-            if grad is None or grad.layout != torch.strided or param.device.type != "cpu":
+            if grad is None or grad.layout != torch.strided or param.is_meta or not param.is_floating_point():
                 continue
             rate = group.get("lr")
             if not _positive(rate):
@@ -254,17 +260,34 @@ class UpdateWatch:
             self._copies[id(optimizer)] = (param, param.detach().clone(), grad, float(rate))
             return
 
-    def _after(self, optimizer) -> bool:
+    def _after(self, optimizer, step: int) -> int | None:
         copied = self._copies.pop(id(optimizer), None)
-        if copied is None:
-            return False
-        param, before, grad, rate = copied
-        if bool((param.detach() != before).any()) or not bool(grad.any()) or not _would_show(before, grad, rate):
-            self._broken[id(optimizer)] = 0
-            return False
-        self._broken[id(optimizer)] = self._broken.get(id(optimizer), 0) + 1
-        self.told = self._broken[id(optimizer)] >= self.IN_A_ROW
-        return self.told
+        if copied is not None:
+            param, before, grad, rate = copied
+            key = id(optimizer)
+            judged = self._judged[key] = self._judged.get(key, 0) + 1
+            if param.device.type == "cpu":  # read at once, the cheap comparison first
+                changed = bool((param.detach() != before).any())
+                answer = [1.0, 0.0, 0.0] if changed else [0.0, float(_largest(grad)), float(_largest(before))]
+            else:  # the same three numbers, read late
+                answer = torch.stack([(param.detach() != before).any().float(), _largest(grad), _largest(before)])
+            self._answers.put(answer, (key, judged, step, rate, before.dtype))
+        return self._judge()
+
+    def _judge(self) -> int | None:
+        """The answers read by now, in order: a step broken where it left the witness unchanged although its
+        gradient was not zero and an update of `lr x largest |gradient|` is far above the rounding of the
+        witness's largest value in its dtype (16 units in the last place)."""
+        for (key, judged, step, rate, dtype), (changed, largest_gradient, largest_value) in self._answers.ready():
+            broken = not changed and largest_gradient > 0 and \
+                rate * largest_gradient > 16 * torch.finfo(dtype).eps * largest_value
+            last, in_a_row = self._broken.get(key, (0, 0))
+            in_a_row = (in_a_row + 1 if judged == last + 1 else 1) if broken else 0
+            self._broken[key] = (judged, in_a_row)
+            if in_a_row >= self.IN_A_ROW and not self.told:
+                self.told = True
+                return step
+        return None
 
     def _candidates_of(self, optimizer) -> list:
         count = sum(len(group["params"]) for group in optimizer.param_groups)
@@ -282,10 +305,12 @@ class BatchWatch:
 
     Only where the framework says an epoch holds more than one batch: a full-batch training sees the same batch at
     every step by design, and a plain loop cannot tell the two apart. Batches the plugin sees at consecutive steps
-    (the first steps, where such a loader first shows, and consecutive sampled steps) are compared, on the CPU:
-    every tensor of the batch against the last batch's, at a few positions first and in full where those agree.
-    The last batch is held by reference, not copied; a batch written into the last one's memory (a loader that
-    reuses its buffer) is not judged. Two repeats in a row (three equal batches) are told, once per run."""
+    (the first steps, where such a loader first shows, and consecutive sampled steps) are compared: every tensor
+    of the batch against the last batch's, at a few positions first and in full where those agree. On an
+    accelerator the comparison waits for the device, so it is made at sampled steps only, which wait for it
+    anyway. The last batch is held by reference, not copied, and only where the plugin will show the next step's;
+    a batch written into the last one's memory (a loader that reuses its buffer) is not judged. Two repeats in a
+    row (three equal batches) are told, once per run."""
 
     IN_A_ROW = 2
     POSITIONS = 16  # compared first: batches that differ almost always differ there
@@ -295,23 +320,26 @@ class BatchWatch:
         self._repeats = 0
         self.told = False
 
-    def see(self, step: int, batch) -> bool:
+    def see(self, step: int, batch, sampled: bool = True, next_seen: bool = True) -> bool:
         """The batch of `step` (a tensor, or tuples, lists and dicts of them): True the first time it is the
-        IN_A_ROW-th repeat in a row. A failure turns the watch off for the run, said once."""
+        IN_A_ROW-th repeat in a row. `sampled`: the step waits for the device anyway (batches on an accelerator
+        are compared then only); `next_seen`: the plugin will show the next step's batch (else this one is let go
+        at once). A failure turns the watch off for the run, said once."""
         try:
-            return self._see(step, batch)
+            return self._see(step, batch, sampled, next_seen)
         except Exception as exc:  # noqa: BLE001 - it runs in the training step: it must never stop it
             self.told, self._last = True, None
             log.warning("tripwire: the check that batches change failed (%s: %s); it is off for the rest of this "
                         "run", type(exc).__name__, exc)
             return False
 
-    def _see(self, step: int, batch) -> bool:
+    def _see(self, step: int, batch, sampled: bool, next_seen: bool) -> bool:
         if self.told:
             return False
         tensors = [t.detach() for t in _batch_tensors(batch)]
-        judged = bool(tensors) and all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors)
-        last, self._last = self._last, ((step, tensors) if judged else None)
+        comparable = bool(tensors) and all(t.layout == torch.strided and not t.is_meta for t in tensors)
+        judged = comparable and (sampled or all(t.device.type == "cpu" for t in tensors))
+        last, self._last = self._last, ((step, tensors) if comparable and next_seen else None)
         if last is None or not judged or not 0 <= step - last[0] <= 1 or not _equal_batches(last[1], tensors):
             self._repeats = 0
             return False
@@ -333,25 +361,21 @@ def _batch_tensors(value) -> list:
 
 def _equal_batches(last: list, batch: list) -> bool:
     """Every tensor equal to its counterpart, held in memory of its own (not the last batch's, overwritten)."""
-    if len(last) != len(batch) or any(a.shape != b.shape or a.dtype != b.dtype or a.data_ptr() == b.data_ptr()
-                                       for a, b in zip(last, batch)):
+    if len(last) != len(batch) or any(a.shape != b.shape or a.dtype != b.dtype or a.device != b.device or
+                                       a.data_ptr() == b.data_ptr() for a, b in zip(last, batch)):
         return False
     for a, b in zip(last, batch):
         flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-        picks = torch.linspace(0, flat_a.numel() - 1, min(BatchWatch.POSITIONS, flat_a.numel())).long()
+        picks = torch.linspace(0, flat_a.numel() - 1, min(BatchWatch.POSITIONS, flat_a.numel()),
+                               device=a.device).long()
         if not torch.equal(flat_a[picks], flat_b[picks]):
             return False
     return all(torch.equal(a, b) for a, b in zip(last, batch))
 
 
-def _would_show(before: torch.Tensor, grad: torch.Tensor, rate: float) -> bool:
-    """Whether an update of `rate x largest |gradient|` is far above the rounding of the parameter's largest value
-    in its dtype (16 units in the last place): a step that left it unchanged then did not apply it. Only read for
-    a step that changed nothing."""
-    if not before.is_floating_point():
-        return False
-    eps = torch.finfo(before.dtype).eps
-    return rate * float(grad.detach().abs().max()) > 16 * eps * float(before.abs().max())
+def _largest(t: torch.Tensor) -> torch.Tensor:
+    """The largest |value| of a tensor, in float32, on its device (one kernel)."""
+    return torch.linalg.vector_norm(t.detach(), float("inf"), dtype=torch.float32)
 
 
 def _storage(t: torch.Tensor):

@@ -97,7 +97,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._replaying = False  # the forward hook sees the replay's forward pass: not a step's
         self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
         self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
-        self._broken: list = []  # (relation, count) they told this step, recorded when it ends
+        self._broken: list = []  # (relation, count, step) they told this step, recorded when it ends
         self._looked = False  # the first sampled step's forward pass ran under a LossSpy
         self._said_no_loss = False
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
@@ -218,8 +218,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._nonfinite = self._loss_watch.see(self._step, loss)
             if self._nonfinite is not None and self._nonfinite[0] == self._step:  # known before the update
                 self._origin = self._replay(module, args, kwargs)
-        if self._batches is not None and self._batches.see(self._step, (args, kwargs)):
-            self._broken.append(("repeated_batch", BatchWatch.IN_A_ROW + 1))
+        if self._batches is not None and self._batches.see(self._step, (args, kwargs), self._sampled):
+            self._broken.append(("repeated_batch", BatchWatch.IN_A_ROW + 1, self._step))
         if self._sampled:
             self._capture.take("labels", "", kwargs.get("labels"))
             self._capture.take_inputs(kwargs.get(getattr(module, "main_input_name", "input_ids")))
@@ -257,12 +257,13 @@ class TripwireCallback(TrainerCallback, ExportableState):
         """After the update: whether a step between samples changed what it applied a gradient to (a step AMP's
         scaler skipped changed nothing, by design: not judged)."""
         if self._updates is not None and not self._sampled and not getattr(optimizer, "step_was_skipped", False):
-            if self._updates.after(optimizer):
-                self._broken.append(("step_changed_nothing", 1))
+            broke_at = self._updates.after(optimizer, self._step)
+            if broke_at is not None:
+                self._broken.append(("step_changed_nothing", 1, broke_at))
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
-        for relation, count in self._broken:  # between samples, one process: no other rank to agree with
-            self._decide(args, state, control, self._recorder.check_relation(self._step, relation, count)
+        for relation, count, step in self._broken:  # between samples, one process: no other rank to agree with
+            self._decide(args, state, control, self._recorder.check_relation(step, relation, count)
                          if self._recorder else None)
         self._broken = []
         if self._nonfinite is not None:
