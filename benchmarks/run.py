@@ -93,7 +93,7 @@ def table(rows: list[Row]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--only", help=f"comma-separated families: {','.join(FAMILIES)}")
+    parser.add_argument("--only", help=f"comma-separated families: {', '.join(FAMILIES)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration (median; default 3)")
     parser.add_argument("--steps", type=int, help="training steps instead of the documented sizes (quick runs)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
