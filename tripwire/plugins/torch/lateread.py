@@ -21,6 +21,7 @@ class LateRead:
         """Each value is a tensor of at most `width` elements of `dtype`."""
         self._width, self._dtype = width, dtype
         self._host = None  # pinned [SLOTS, width], made at the first put from an accelerator
+        self._events = [None] * self.SLOTS  # one per slot, made once and recorded again at each put to it
         self._pending: deque = deque()  # (slot, event or None, payload, value where ready at once)
         self._puts = 0
 
@@ -39,7 +40,7 @@ class LateRead:
             slot = self._puts % self.SLOTS
             flat = value.detach().reshape(-1)
             self._host[slot, :flat.numel()].copy_(flat, non_blocking=True)
-            event = getattr(torch, value.device.type).Event()
+            event = self._events[slot] = self._events[slot] or getattr(torch, value.device.type).Event()
             event.record()
         except (AttributeError, RuntimeError):  # a device without events or pinned memory: not read
             return False
