@@ -460,3 +460,27 @@ def test_batches_all_too_small_make_dead_relu_inapplicable(tmp_path):
     found = verdicts("dead_relu", helpers.mlp_module(), every=1, out_dir=tmp_path / "run", max_epochs=1,
                      loaders=helpers.torch_loaders(batch_size=8))
     assert [v.status for v in found] == ["no_data"]  # nothing it could judge (no activation is reduced for it)
+
+
+@pytest.mark.parametrize("batch, told_by", [(32, 400), (4, 8 * 400), (1, None)])
+def test_a_loss_that_never_went_down_waits_for_the_samples_a_small_batch_takes(tmp_path, batch, told_by):
+    """A loss on its first plateau: at batches of 32 "nothing learns" once min_steps (300) are past; a batch of 4
+    waits 8 times as long, and a batch of 1 (whose healthy runs can sit there for thousands of steps: a StackOverflow
+    program that learns by its 25,000th) is not judged within these 4,000 steps."""
+    from tripwire.core.firststep import FirstStep, loss_use
+    from tripwire.core.recorder import Recorder
+
+    recorder = Recorder({"collections": {"losses": {}}, "rules": ["loss_not_decreasing"]},
+                        run_url=str(tmp_path / "run"), framework="test")
+    recorder.start()
+    labels = np.eye(8)[np.arange(batch) % 8]  # the first batch's targets: `batch` rows
+    recorder.first_step(FirstStep(0, (loss_use("binary_cross_entropy", "sigmoid", labels=labels),)))
+    noise = np.random.default_rng(0).normal(0, 0.01, 400)
+    for step, jitter in zip(range(0, 4000, 10), noise):
+        recorder.record(step, "train", {"losses/train": {"value": 0.693 + jitter}})
+    recorder.finish()
+    never = [v for v in tripwire.open_run(str(tmp_path / "run")).verdicts() if v.finding == "never"]
+    if told_by is None:
+        assert never == []
+    else:
+        assert never and never[0].severity == "error" and told_by * 3 // 4 <= never[0].step <= told_by

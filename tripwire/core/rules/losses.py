@@ -29,16 +29,18 @@ class LossNotDecreasing(Rule):
     mode: str = "train"  # the mode whose steps hold the series
     min_drop: float = 0.1  # a series that fell by this share of its first window has gone down, noise or not
     min_steps: int = 300  # steps from the first window before "never went down" is judged: a slow start is no fault
+    full_batch: int = 32  # min_steps counts steps of this many samples or more: smaller batches wait longer
 
     name = "loss_not_decreasing"
-    limits = {"window": COUNT, "min_drop": SHARE}
+    limits = {"window": COUNT, "min_drop": SHARE, "min_steps": COUNT, "full_batch": COUNT}
     condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
                  "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
                  "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
                  "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
                  "training begin) nor its median `min_drop` of the first's lower, three or more windows and "
-                 "`min_steps` steps in (error: nothing learns), or above it, its median by `min_drop`, three or "
-                 "more windows in (warning: the loss rises); or it "
+                 "`min_steps` steps in, or for a first batch of fewer than `full_batch` samples `full_batch` / its "
+                 "size times as many steps (error: nothing learns), or above it, its median by `min_drop`, three "
+                 "or more windows in (warning: the loss rises); or it "
                  "is not below the window before it while it is below the first (info: it levelled off, training "
                  "has converged). Not judged while the learning rate is still rising (a warmup). Finding `stuck` "
                  "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
@@ -83,7 +85,7 @@ class LossNotDecreasing(Rule):
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
             verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
-                                  self._count[key])
+                                  self._count[key], self._patience(run))
             if verdict is not None and verdict.finding in ("never", "rising"):
                 verdict = self._stuck(run, step, verdict)
             if verdict is not None:
@@ -110,12 +112,23 @@ class LossNotDecreasing(Rule):
                                                  "of their norm, median): they learn nothing that holds from one "
                                                  "batch to the next.")
 
-    def _judge(self, step, name, first, before, now, samples):
-        """first: (step, value) of the rule's first `window` samples of the series."""
+    def _patience(self, run) -> int:
+        """The steps "never went down" waits for: `min_steps`, times `full_batch` over the first batch's size where
+        that is smaller and the plugin saw the labels. A slow start is measured in the data seen: a batch of one
+        sample moves the weights by one sample's gradient, and a healthy loss can stay on its first plateau for
+        thousands of such steps."""
+        first = run.first_step
+        sizes = [use.labels.shape[0] for use in (first.losses if first is not None else ())
+                 if use.labels is not None and use.labels.shape and use.labels.shape[0] > 0]
+        return self.min_steps * max(1, -(-self.full_batch // min(sizes))) if sizes else self.min_steps
+
+    def _judge(self, step, name, first, before, now, samples, patience: int):
+        """first: (step, value) of the rule's first `window` samples of the series; patience: the steps from the
+        first before "never went down" is judged."""
         from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
-        # "never went down" waits for `min_steps` too: a slow start is no fault; a rise is one at any time
+        # "never went down" waits for `patience` too: a slow start is no fault; a rise is one at any time
         long_enough = samples >= 3 * self.window
-        early = step - first[0][0] < self.min_steps
+        early = step - first[0][0] < patience
         first = np.asarray([value for _, value in first])
         sigma = _noise(np.concatenate([before, now]))
         below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
