@@ -236,6 +236,8 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
 
 
 FIRST_LABELS = Requirement("labels", save_tensors=True, steps=(0,), optional=True)  # the first batch's targets
+# ‖update‖ / ‖weight‖ of a kernel at a healthy optimizer step: about 0.1 % (a rate to suggest aims at 0.1-1 %)
+HEALTHY_STEP = 1e-3
 
 
 def few_samples(run) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import FIRST_LABELS, Requirement, Rule, checked_mode, of_roles
+from .base import FIRST_LABELS, HEALTHY_STEP, Requirement, Rule, checked_mode, of_roles
 
 
 @dataclass
@@ -45,7 +45,8 @@ class LossNotDecreasing(Rule):
                  "has converged). Not judged while the learning rate is still rising (a warmup). Finding `stuck` "
                  "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
                  "of what predicting the targets' mean scores under mean squared error (the first batch's "
-                 "variance), or the steps move the weights by 1e-4 of their norm or more")
+                 "variance), or the steps move the weights as a healthy step does (1e-3 of their norm, median) or "
+                 "more")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -94,9 +95,10 @@ class LossNotDecreasing(Rule):
 
     def _stuck(self, run, step, verdict):
         """A loss that never went down (or rose) to about what predicting the targets' mean scores under mean
-        squared error, or that never went down while the steps do move the weights (the newest updates are 1e-4
-        of the kernels' norm or more, median): nothing the model learns from one batch holds for the next. Labels
-        that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`)."""
+        squared error, or that never went down while the steps move the weights as a healthy step does (the newest
+        updates are HEALTHY_STEP of the kernels' norm or more, median; smaller steps are a slow start or a rate
+        too low, not evidence about the labels): nothing the model learns from one batch holds for the next.
+        Labels that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`)."""
         constant = _constant_predictor_loss(run)
         if constant and abs(verdict.evidence["now"] - constant) <= 0.2 * constant:  # one batch's variance
             return replace(verdict, finding="stuck", hint=STUCK_HINT,
@@ -105,7 +107,7 @@ class LossNotDecreasing(Rule):
                                                      f"{constant:.4g}): the model has learned nothing from its "
                                                      "inputs.")
         ratios = sorted(_update_ratios(run))
-        if verdict.finding != "never" or not ratios or ratios[len(ratios) // 2] < 1e-4:
+        if verdict.finding != "never" or not ratios or ratios[len(ratios) // 2] < HEALTHY_STEP:
             return verdict
         return replace(verdict, finding="stuck", hint=STUCK_HINT,
                        message=verdict.message + f" The steps do move the weights (by {ratios[len(ratios) // 2]:.2g} "

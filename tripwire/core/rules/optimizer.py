@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, learning_rates, of_roles, values_at
+from .base import HEALTHY_STEP, Requirement, Rule, learning_rates, of_roles, values_at
 
 # The learning rates each optimizer is commonly used with, (lowest, highest), by lower-cased class name (torch and
 # Keras name them alike): from the frameworks' defaults and the ranges their documentation and common recipes use.
@@ -111,7 +111,7 @@ class LearningRate(Rule):
             said = [f"{rate / usual[1]:.0f}x the highest it is commonly used with ({usual[1]:g})"] if far else []
             if rewrites:
                 said.append(f"the update at step {step} is {middle:.3g}x the weight norm (median of {len(ratios)} "
-                            "kernels; a healthy step changes them by about 0.001x)")
+                            f"kernels; a healthy step changes them by about {HEALTHY_STEP:g}x)")
             change = _suggestion(rate, middle if rewrites else None, usual) + _summed(run)
             return self.fire(step, f"{named}: {'; '.join(said)}.", finding="high",
                              hint=f"The learning rate is too high for this model. Try: {change}, a warmup, gradient "
@@ -131,7 +131,8 @@ class LearningRate(Rule):
             return None
         return self.fire(step, f"{named}: below the lowest it is commonly used with ({usual[0]:g}); the first "
                                f"{len(seen)} steps changed the kernels by {max(judged):.2g}x their norm at most "
-                               "(median), where a healthy step changes them by about 0.001x.", finding="low",
+                               f"(median), where a healthy step changes them by about {HEALTHY_STEP:g}x.",
+                         finding="low",
                          hint=f"The learning rate is too low: the weights hardly move and nothing learns. Try: a "
                               f"learning rate within {usual[0]:g} to {usual[1]:g}, as is usual for {optimizer}.",
                          rate=rate, optimizer=optimizer, usual=list(usual), ratios=judged)
@@ -167,7 +168,7 @@ def _suggestion(rate: float | None, ratio: float | None, usual: tuple | None) ->
     """A learning rate to try: one that would change the weights by 0.1 % to 1 % per step (updates scale about
     linearly with the rate), else the optimizer's usual range."""
     if rate and ratio:
-        return f"a learning rate of {rate * 1e-3 / ratio:.2g} to {rate * 1e-2 / ratio:.2g}"
+        return f"a learning rate of {rate * HEALTHY_STEP / ratio:.2g} to {rate * 10 * HEALTHY_STEP / ratio:.2g}"
     if usual:
         return f"a learning rate within {usual[0]:g} to {usual[1]:g}, as is usual for this optimizer"
     return "a learning rate 10 to 100 times lower"
