@@ -21,7 +21,7 @@ class LateRead:
         """Each value is a tensor of at most `width` elements of `dtype`."""
         self._width, self._dtype = width, dtype
         self._host = None  # pinned [SLOTS, width], made at the first put from an accelerator
-        self._events = [None] * self.SLOTS  # one per slot, made once and recorded again at each put to it
+        self._events: dict = {}  # (slot, device) -> its event, made once and recorded again at each put there
         self._pending: deque = deque()  # (slot, event or None, payload, value where ready at once)
         self._puts = 0
 
@@ -37,11 +37,12 @@ class LateRead:
         try:
             if self._host is None:
                 self._host = torch.zeros((self.SLOTS, self._width), dtype=self._dtype, pin_memory=True)
-            slot = self._puts % self.SLOTS
-            flat = value.detach().reshape(-1)
-            self._host[slot, :flat.numel()].copy_(flat, non_blocking=True)
-            event = self._events[slot] = self._events[slot] or getattr(torch, value.device.type).Event()
-            event.record()
+            slot, flat, backend = self._puts % self.SLOTS, value.detach().reshape(-1), getattr(torch, value.device.type)
+            with backend.device(value.device):  # the copy and its event on that device's stream, whichever is current
+                self._host[slot, :flat.numel()].copy_(flat, non_blocking=True)
+                event = self._events.get((slot, value.device)) or backend.Event()
+                event.record()
+            self._events[(slot, value.device)] = event
         except (AttributeError, RuntimeError):  # a device without events or pinned memory: not read
             return False
         self._puts += 1
