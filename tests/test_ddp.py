@@ -106,3 +106,24 @@ def test_fsdp_shards_are_read_as_whole_parameters_and_never_break_training(tmp_p
             pytest.approx(whole["l2"], rel=1e-4)
     else:  # rank 0's half of the rows
         assert stored["l2"] < whole["l2"] and stored != pytest.approx(whole, rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "model_parallel"])
+def test_lightning_sharded_strategy_is_read_as_ddp_is_and_a_healthy_run_is_silent(tmp_path, strategy):
+    """Lightning's ModelParallelStrategy (FSDP2: each Linear and the module fully_shard-ed over two CPU ranks in
+    `configure_model`) against Lightning's DDP on the same model and data, every rank captured, the default rules:
+    what is stored of a gradient is the whole gradient's (each rank's shard reductions combined across ranks),
+    on every rank, as under DDP; the model learns and no rule fires a warning or an error. (Lightning's FSDPStrategy,
+    FSDP1, refuses a CPU: it needs a GPU to test.)"""
+    config = tripwire.load_config(Path(__file__).parent.parent / "rules.yaml").to_dict()
+    rank0, rank1 = run_ddp(tmp_path, {**config, "workers": "all"}, "--steps", "120", "--strategy", strategy,
+                           "--gradient-at", "100")
+    assert rank0["val_loss"] < 0.5  # from ln 10 = 2.3 untrained
+    run = tripwire.open_run(rank0["run_url"])
+    assert [v for v in run.verdicts() if v.counts] == []
+    gradient = run.tensor("gradients/net.0.weight")
+    for worker in (0, 1):
+        stored = {r: gradient.reduction(100, r, worker=worker) for r in ("l2", "abs_mean")}
+        assert stored == pytest.approx(rank0["gradient"], rel=1e-4)
+    assert run.tensor("weights/net.0.weight").reduction(100, "l2", worker=1) == \
+        pytest.approx(run.tensor("weights/net.0.weight").reduction(100, "l2", worker=0), rel=1e-6)
