@@ -295,6 +295,51 @@ def test_labels_shuffled_apart_from_a_model_that_cannot_memorise_them_leave_a_lo
     assert (verdict.rule, verdict.finding) == ("loss_not_decreasing", "stuck") and "labels" in verdict.hint
 
 
+def code_autoencoder(tmp_path, targets):
+    """8-bit codes learned one sample a step (SGD 0.05) by an 8-8-8-8 ReLU MLP initialised at std 0.05 (DeepLocalize
+    39217567's fixed program): the loss sits at ln 2 for about 3,500 steps before it falls. `targets`: the codes
+    themselves, or the codes shuffled apart from their inputs (nothing to learn). Returns the verdicts that
+    fired and the mean loss of the first and the last epoch."""
+    codes = torch.tensor([[float(bit) for bit in np.binary_repr(i, 8)] for i in range(256)])
+    y = codes if targets == "codes" else codes[torch.randperm(256, generator=torch.Generator().manual_seed(0))]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                              torch.nn.Linear(8, 8))
+    for layer in net[::2]:
+        torch.nn.init.normal_(layer.weight, std=0.05)
+        torch.nn.init.zeros_(layer.bias)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    config = {"sampling": {"every": 20}, "rules": [{"rule": "loss_not_decreasing",
+                                                     "params": {"min_steps": 3000, "full_batch": 1}}],
+              "collections": {name: {"reductions": ["l2"]} for name in ("weights", "gradients", "updates")}}
+    order, losses = torch.Generator().manual_seed(1), []
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / targets) as probe:
+        for _ in range(20):
+            for i in torch.randperm(256, generator=order).tolist():
+                optimizer.zero_grad()
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(net(codes[i:i + 1]), y[i:i + 1])
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+                losses.append(loss.item())
+    fired = [v for v in tripwire.open_run(tmp_path / targets).verdicts() if v.fired]
+    return fired, np.mean(losses[:256]), np.mean(losses[-256:])
+
+
+def test_a_slow_start_whose_weights_drift_is_told_at_info_and_labels_that_do_not_match_stay_an_error(tmp_path):
+    """At step 3,000 neither loss has gone down from ln 2. The codes' weights drift one way (their norm grew by
+    ~10 % of the distance their steps travelled) and the loss falls soon after: a slow start, info, and no error
+    later. Shuffled apart, the steps cancel and the norm hardly moves: nothing learns, an error."""
+    fired, first, last = code_autoencoder(tmp_path, "codes")
+    assert last < first - 0.02  # it does learn, after its plateau
+    slow = [v for v in fired if v.rule == "loss_not_decreasing" and v.finding == "slow"]
+    assert [v.step for v in slow] == [3000] and slow[0].severity == "info" and "slow start" in slow[0].message
+    assert [v for v in fired if v.counts] == []
+    fired, first, last = code_autoencoder(tmp_path, "shuffled")
+    assert abs(last - first) < 0.01
+    assert {v.finding for v in fired if v.counts} == {"never", "stuck"} and not any(v.finding == "slow" for v in fired)
+
+
 @pytest.mark.parametrize("loss, fires", [(0.5, True), (1e-5, False)])
 def test_zero_gradients_of_a_model_that_fits_its_data_exactly_are_convergence(loss, fires):
     """A sigmoid output driven to its targets exactly passes back gradients that round to 0: once the training loss

@@ -102,6 +102,7 @@ CAUSES: dict[str, Cause] = {
     "loss_spike": Cause("a loss spike", ("loss_not_decreasing",)),
     "overfit": Cause("overfitting", ("overtraining", "oscillating_loss")),
     "oscillating_loss": Cause("oscillating validation loss", ("overfit",)),
+    "loss_not_decreasing:slow": Cause("a slow start (the loss has not gone down yet; the weights drift one way)"),
     "loss_not_decreasing": Cause("the loss does not go down", ("overtraining", "class_imbalance", "confusion")),
     "class_imbalance": Cause("class imbalance", ("confusion",)),
     "confusion": Cause("classes confused", ()),
@@ -120,7 +121,7 @@ def kind(verdict: Verdict) -> str:
     if rule == "unchanged_tensor" and finding in ("frozen", "lr0") or rule == "untrained_parameters":
         return f"{rule}:{finding}"
     if rule in ("class_imbalance", "confusion") and finding == "not_class_ids" or \
-            rule == "overfit" and finding == "chance" or rule == "loss_not_decreasing" and finding == "stuck":
+            rule == "overfit" and finding == "chance" or rule == "loss_not_decreasing" and finding in ("stuck", "slow"):
         return f"{rule}:{finding}"
     return rule
 

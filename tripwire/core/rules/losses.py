@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import FIRST_LABELS, HEALTHY_STEP, Requirement, Rule, checked_mode, of_roles
+from .base import FIRST_LABELS, HEALTHY_STEP, Requirement, Rule, checked_mode, of_roles, values_at
 
 
 @dataclass
@@ -46,7 +46,11 @@ class LossNotDecreasing(Rule):
                  "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
                  "of what predicting the targets' mean scores under mean squared error (the first batch's "
                  "variance), or the steps move the weights as a healthy step does (1e-3 of their norm, median) or "
-                 "more")
+                 "more. Finding `slow` (info) instead of \"never went down\" where the kernels' norm grew by 3 % "
+                 "or more of the distance their steps travelled since the rule's first sample (each sample's "
+                 "update times the steps since the one before), and twice as much over the second half of those "
+                 "steps as over the first: the weights drift one way, faster and faster, a slow start; "
+                 "\"never went down\" then waits as long again")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -60,6 +64,8 @@ class LossNotDecreasing(Rule):
         self.modes = (checked_mode(self.mode),)
         self._first: dict = {}  # (worker, series) -> the first window's values
         self._count: dict = {}  # (worker, series) -> samples seen (the history in memory holds only the last few)
+        self._drift: dict = {}  # worker -> _Drift: how far the kernels travelled, and how far their norm moved
+        self._slow_until: dict = {}  # (worker, series) -> the step before which "never went down" is not judged
 
     @property
     def history(self):
@@ -71,6 +77,7 @@ class LossNotDecreasing(Rule):
                 FIRST_LABELS]
 
     def check(self, run, step):
+        self._drift.setdefault(run.default_worker, _Drift()).see(run, step)
         found = []
         for name in run.tensor_names(regex=self.tensor_regex, mode=self.mode):
             steps, values = run.tensor(name).series(mode=self.mode)
@@ -87,11 +94,35 @@ class LossNotDecreasing(Rule):
                 continue
             verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
                                   self._count[key], self._patience(run))
+            if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
+                verdict = None  # a slow start, told: it is given as long again to leave its plateau
+            if verdict is not None and verdict.finding == "never":
+                verdict = self._slow_start(step, verdict, key)
             if verdict is not None and verdict.finding in ("never", "rising"):
                 verdict = self._stuck(run, step, verdict)
             if verdict is not None:
                 found.append(verdict)
         return found or None
+
+    def _slow_start(self, step, verdict, key):
+        """A loss that has not gone down yet while the kernels drift, faster and faster: their norm has grown by
+        DRIFT or more of the distance their steps travelled since the rule's first sample, and SPEEDUP times as
+        much over the second half of those steps as over the first. Steps that each head the same way add up,
+        and a model leaving the flat plateau a small initialisation or a saddle starts it on does so at a growing
+        pace, before its loss shows it. Steps that learn nothing that holds (labels that do not match the inputs)
+        go every way and cancel, or fit what little they can at a steady pace. A slow start, told at info
+        (finding `slow`); "never went down" then waits as long again."""
+        drift = self._drift.get(key[0])
+        share = drift.slow_start() if drift is not None else None
+        if share is None:
+            return verdict
+        self._slow_until[key] = 2 * step
+        return replace(verdict, finding="slow", severity="info", hint=SLOW_HINT,
+                       message=verdict.message + f" But the weights are on their way: the kernels' norm grew from "
+                                                 f"{drift.first:.4g} to {drift.norm:.4g}, {share:.0%} of the "
+                                                 f"{drift.travelled:.3g} their steps travelled (steps that learn "
+                                                 "nothing cancel out), most of it lately: a slow start, the model "
+                                                 "leaving the plateau it began on.")
 
     def _stuck(self, run, step, verdict):
         """A loss that never went down (or rose) to about what predicting the targets' mean scores under mean
@@ -154,6 +185,56 @@ class LossNotDecreasing(Rule):
         return None
 
 
+class _Drift:
+    """How far the kernels' steps travelled since the first sample that held their weights and updates (each
+    sample's update norm times the steps since the one before), and how their norm moved along the way: a drift
+    (the norm moved by a fair share of the travel), not a random walk (by about step / 2‖w‖ of it); and one that
+    speeds up (a model leaving a plateau, faster and faster) or not. The course, (step, norm) at the samples, is
+    kept at no more than 2 × POINTS points (every other one dropped when full)."""
+
+    POINTS = 32
+
+    def __init__(self):
+        self.travelled = 0.0
+        self._course: list = []  # (step, norm) at samples, thinned
+        self._last = None
+
+    @property
+    def first(self) -> float:
+        return self._course[0][1]
+
+    @property
+    def norm(self) -> float:
+        return self._course[-1][1]
+
+    def see(self, run, step: int) -> None:
+        updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
+        weights = values_at(run, step, "l2", ["weights"])
+        pairs = [(weights.get("weights/" + name.split("/", 1)[1]), moved) for name, moved in updates.items()]
+        pairs = [(w, u) for w, u in pairs if w is not None and np.isfinite(w) and np.isfinite(u)]
+        if not pairs:
+            return
+        if self._course:
+            self.travelled += float(np.sqrt(sum(u * u for _, u in pairs))) * (step - self._last)
+        self._course.append((step, float(np.sqrt(sum(w * w for w, _ in pairs)))))
+        self._last = step
+        if len(self._course) > 2 * self.POINTS:
+            self._course = self._course[:-1:2] + self._course[-1:]
+
+    def slow_start(self) -> float | None:
+        """The norm's change as a share of the travel, where that is DRIFT or more and the norm moved at least
+        SPEEDUP times as far over the second half of the steps since the first sample as over the first half;
+        else None."""
+        if self.travelled <= 0:
+            return None
+        share = (self.norm - self.first) / self.travelled
+        steps, norms = zip(*self._course)
+        middle = float(np.interp((steps[0] + steps[-1]) / 2, steps, norms))
+        if share < DRIFT or self.norm - middle < SPEEDUP * max(middle - self.first, 0.0):
+            return None
+        return share
+
+
 def _noise(values: np.ndarray) -> float:
     """The spread of a series' samples about its trend: from the median change between neighbours (for independent
     noise of spread s, the change has median 0.954 s), so a falling loss's own descent does not count as noise."""
@@ -168,6 +249,13 @@ def _warming_up(run, since: int) -> bool:
     earlier = rates[steps <= since]
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
+
+DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
+SPEEDUP = 2.0  # times the norm's growth over the first half of the travel, over the second: a drift that speeds up
+SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
+             "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
+             "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "
+             "weights by less than 0.1 % of their norm, a larger batch.")
 
 STUCK_HINT = ("The weights move at every step, yet the loss stays where it began: what the model learns from one "
               "batch does not hold for the next. Likeliest cause: labels that do not match their inputs (shuffled "
