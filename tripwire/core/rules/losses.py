@@ -215,7 +215,7 @@ class _Drift:
         if not pairs:
             return
         if self._course:
-            self.travelled += float(np.sqrt(sum(u * u for _, u in pairs))) * (step - self._last)
+            self.travelled += float(np.sqrt(sum(u * u for _, u in pairs))) * max(step - self._last, 0)
         self._course.append((step, float(np.sqrt(sum(w * w for w, _ in pairs)))))
         self._last = step
         if len(self._course) > 2 * self.POINTS:
@@ -251,7 +251,7 @@ def _warming_up(run, since: int) -> bool:
 
 
 DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
-SPEEDUP = 2.0  # times the norm's growth over the first half of the travel, over the second: a drift that speeds up
+SPEEDUP = 2.0  # times the norm's growth over the first half of the steps, over the second: a drift that speeds up
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
              "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "
