@@ -417,7 +417,7 @@ def test_every_rule_documents_itself():
 
 
 @pytest.mark.parametrize("factor, fires", [(lambda step: (100 - step) // 100, 1),  # integer division: 0 from step 1
-                                           (lambda step: min(1, step // 20), 4),  # a warmup stuck at 0: at step 4
+                                           (lambda step: min(1, step // 20), 1),  # a warmup stuck at 0: at step 1
                                            (lambda step: min(1.0, step / 20), None),  # a warmup from 0
                                            (lambda step: 1 - step / 100, None)],  # the decay meant
                          ids=["integer_division", "warmup_integer_division", "warmup", "linear_decay"])

@@ -60,9 +60,9 @@ class LearningRate(Rule):
                  "within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
                  "the steps changed the kernels by less than `min_ratio` of their norm (median; too low); or the "
-                 "rate is 0 after earlier steps trained (a rate above 0, or kernels moved), or at every one of the "
-                 "first `steps` with no kernel moved (error: a schedule that gives 0; a warmup rises from 0 within "
-                 "them, a decay reaches it at the end)")
+                 "rate is 0 after earlier steps trained (a rate above 0, or kernels moved), or at the first two "
+                 "steps with no kernel moved (error: a schedule that gives 0; a warmup from 0 rises at its first "
+                 "step, a decay reaches 0 at the end)")
     hint = ("The learning rate is too high: each step throws the weights far from where they were, so they grow, "
             "units die and values overflow. Try: a learning rate 10 to 100 times lower, a warmup, gradient "
             "clipping. Too low: the weights hardly move and nothing learns; raise it into the optimizer's usual "
@@ -117,14 +117,15 @@ class LearningRate(Rule):
                              hint=f"The learning rate is too high for this model. Try: {change}, a warmup, gradient "
                                   "clipping.", rate=rate, optimizer=optimizer, usual=list(usual) if usual else None,
                              ratios=ratios)
+        if len(seen) >= 2 and all(r == 0 for r, _ in seen) and not any(m for _, m in seen):
+            self._done.add(run.default_worker)  # 0 at the first two steps, nothing moved: a warmup rises at once
+            return self.fire(step, f"the learning rate has been 0 at each of the first {len(seen)} steps, and no "
+                                   "step moved the kernels: a warmup from 0 would have risen at its first step.",
+                             severity="error", finding="zero", hint=ZERO_HINT, rate=0.0, started=None)
         if step < self.steps - 1 or len(seen) < 2:
             return None
         self._done.add(run.default_worker)
         judged = [m for _, m in seen if m is not None]
-        if all(r == 0 for r, _ in seen) and not any(judged):  # 0 at every one of the first steps, nothing moved
-            return self.fire(step, f"the learning rate has been 0 at each of the first {len(seen)} steps, and no "
-                                   "step moved the kernels: a warmup would have risen by now.", severity="error",
-                             finding="zero", hint=ZERO_HINT, rate=0.0, started=None)
         first_rate = seen[0][0]
         if rate is None or usual is None or not rate or rate >= usual[0] or not judged or \
                 (first_rate is not None and rate > first_rate) or max(judged) >= self.min_ratio:
