@@ -91,9 +91,9 @@ def fit(callback, module=None, max_epochs=2, max_steps=-1, loaders=None, pl=None
     torch.manual_seed(0)
     module = module if module is not None else mlp_module(pl=pl)
     train, val = loaders if loaders is not None else torch_loaders()
-    trainer = pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, enable_model_summary=False, accelerator="cpu",
+    trainer = pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, enable_model_summary=False,
                          callbacks=([callback] if callback is not None else []) + list(callbacks),
-                         num_sanity_val_steps=0, **{"enable_checkpointing": False, "logger": False,
+                         num_sanity_val_steps=0, **{"accelerator": "cpu", "enable_checkpointing": False, "logger": False,
                                                     "enable_progress_bar": False, **trainer_kwargs})
     trainer.fit(module, train, val, ckpt_path=ckpt_path)
     return trainer

@@ -33,16 +33,16 @@ def hand_written_nll(logits, y):
     return -torch.log(torch.softmax(logits, dim=1)[torch.arange(len(y)), y]).mean()
 
 
-def probe_fit(out, *, scale_input_at=None, scale_logits_at=None, steps=40):
+def probe_fit(out, *, scale_input_at=None, scale_logits_at=None, steps=40, device="cpu"):
     """A plain loop over digits; `scale_input_at`: the step whose batch is multiplied by 1e20 (unscaled data:
     the squared features overflow), `scale_logits_at`: the step whose logits are multiplied by 1e4 in a
     hand-written loss. Returns the probe and the losses."""
-    net = squared_features()
+    net = squared_features().to(device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     data, losses = batches(), []
     with TripwireProbe(net, optimizer, out_dir=out) as probe:  # the default config
         for step in range(steps):
-            x, y = data[step % len(data)]
+            x, y = (t.to(device) for t in data[step % len(data)])
             if step == scale_input_at:
                 x = x * 1e20
             optimizer.zero_grad()

@@ -190,7 +190,7 @@ class TripwireCallback(*_callback_bases()):
         self.__dict__.pop("on_train_batch_start", None)
         if self._capture is not None:
             self._capture.close()
-        self._loss_watch.store(self._recorder)
+        self._loss_watch.close(self._recorder)
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)

@@ -49,13 +49,15 @@ class LateRead:
         self._pending.append((slot, event, payload, flat.numel()))
         return True
 
-    def ready(self) -> list:
+    def ready(self, wait: bool = False) -> list:
         """(payload, value) of each value whose copy is done, in the order they were put; a value put as a
-        tensor comes back as a list of its elements (one element: the element)."""
+        tensor comes back as a list of its elements (one element: the element). wait: every value put, waiting for
+        the device where its copy is not done (at the end of training, where no step is held up)."""
         done = []
-        while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
-            slot, _, payload, value = self._pending.popleft()
+        while self._pending and (wait or self._pending[0][1] is None or self._pending[0][1].query()):
+            slot, event, payload, value = self._pending.popleft()
             if slot is not None:
+                event.synchronize()
                 value = self._host[slot, :value].tolist()
             done.append((payload, value[0] if isinstance(value, list) and len(value) == 1 else value))
         return done

@@ -73,9 +73,22 @@ class LossWatch:
             self._finite.put(torch.isfinite(loss).all(), step)
         return None
 
-    def _judge_pending(self) -> tuple[int, float] | None:
-        """The first of the accelerator's losses read since the last step that is not finite."""
-        return next(((step, float("nan")) for step, finite in self._finite.ready() if not finite), None)
+    def _judge_pending(self, wait: bool = False) -> tuple[int, float] | None:
+        """The first of the accelerator's losses read since the last step that is not finite (wait: of all those
+        still being read)."""
+        return next(((step, float("nan")) for step, finite in self._finite.ready(wait) if not finite), None)
+
+    def close(self, recorder) -> None:
+        """At the end of training: the first non-finite loss among those still being read (an accelerator's last
+        steps, which no later step will read) is recorded, waiting for the device, too late to act on; then the
+        kept losses are stored."""
+        try:
+            found = self._judge_pending(wait=True)
+        except Exception:  # noqa: BLE001 - a device that cannot be read at the end must not fail the close
+            found = None
+        if found is not None and recorder is not None:
+            recorder.check_loss(*found)
+        self.store(recorder)
 
 
 def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:

@@ -67,7 +67,7 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
     handles = [module.register_forward_hook(seen, with_kwargs=True) for module in names]
     kept = _KeptState(model)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), _MutedLogging(model):
+        with _forked_random_state(model), torch.no_grad(), _MutedLogging(model):
             forward()
     except Exception as exc:  # noqa: BLE001 - a replay that fails (a backward under no_grad) ends the look there
         log.debug("tripwire: the replay of the non-finite step stopped: %s: %s", type(exc).__name__, exc)
@@ -126,6 +126,17 @@ def finite_on_host(value) -> bool | None:
         return None
     total = sum(float(t.detach().sum()) for t in tensors)
     return math.isfinite(total) or nonfinite_count(tensors) == 0  # a sum of finite values may overflow
+
+
+def _forked_random_state(model: torch.nn.Module):
+    """fork_rng over the CPU's generator and those of the accelerator the model's parameters are on: a dropout on a
+    GPU draws from the GPU's generator, and a replay that advanced it would change every later step's masks."""
+    devices = {p.device for p in model.parameters() if p.device.type not in ("cpu", "meta")}
+    if not devices:
+        return torch.random.fork_rng(devices=[])  # the CPU's alone (a device_type of None fails before torch 2.12)
+    device_type = min(d.type for d in devices)  # one accelerator type
+    return torch.random.fork_rng(devices=sorted({d.index or 0 for d in devices if d.type == device_type}),
+                                 device_type=device_type)
 
 
 class _KeptState:

@@ -210,7 +210,7 @@ class TripwireProbe:
         self._hooks = []
         self._end_look()
         self._capture.close()
-        self._losses.store(self._recorder)
+        self._losses.close(self._recorder)
         self._recorder.finish(state or ("stopped" if self.should_stop else "finished"))
 
     def __enter__(self) -> "TripwireProbe":

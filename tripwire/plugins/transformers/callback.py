@@ -181,7 +181,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
             self._hook = None
         if self._capture is not None:
             self._capture.close()
-        self._loss_watch.store(self._recorder)
+        self._loss_watch.close(self._recorder)
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)
