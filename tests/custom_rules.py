@@ -105,7 +105,7 @@ class FailingLossStream(Rule):
     def requires(self):
         return [Requirement("losses")]
 
-    def loss_stream(self):
+    def stream(self):
         class Stream:
             seen = 0
 

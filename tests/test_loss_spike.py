@@ -1,6 +1,7 @@
-"""loss_spike: the training loss of every step against its own recent level, with patience — in the plain-loop
-probe, Lightning (every step's loss, read at the next sample) and Keras (told from the running mean it logs),
-silent on healthy training and on a loss that only drifts."""
+"""loss_spike and gradient_spike: the training loss, and the gradient norm, of every step against its own recent
+level, with patience — in the plain-loop probe, Lightning (every step's loss, read at the next sample; every step's
+gradient norm) and Keras (the loss, told from the running mean it logs), silent on healthy training and on a loss
+that only drifts."""
 
 import numpy as np
 import torch
@@ -37,8 +38,8 @@ def probe_fit(out, corrupt=range(0), config=CONFIG):
     return probe, losses
 
 
-def spikes(verdicts) -> list:
-    return [(v.step, v.onset, v.severity) for v in verdicts if v.rule == "loss_spike" and v.fired]
+def spikes(verdicts, rule="loss_spike") -> list:
+    return [(v.step, v.onset, v.severity) for v in verdicts if v.rule == rule and v.fired]
 
 
 def test_a_bad_shard_of_data_is_a_spike_named_at_the_step_it_began(tmp_path):
@@ -58,10 +59,33 @@ def test_healthy_training_has_no_spike(tmp_path):
     assert spikes(probe.verdicts) == [] and "spikes/loss_spike" not in tripwire.open_run(probe.run_url).tensor_names()
 
 
-def test_lightning_reads_every_step_s_loss_at_the_next_sample(tmp_path):
-    import lightning.pytorch as pl
+BOTH = {"rules": [{"rule": "loss_spike"}, {"rule": "gradient_spike"}]}
 
-    from tripwire.plugins.lightning import TripwireCallback
+
+def test_a_bad_shard_of_data_is_a_gradient_spike_too_each_rule_reading_its_own_series(tmp_path):
+    """The shifted labels' gradients are larger as their losses are: both rules tell the spike at its step, each
+    from its own series (every step's total gradient norm, `metrics/grad_norm`), each in its own words."""
+    probe, _ = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=BOTH)
+    assert spikes(probe.verdicts) == spikes(probe.verdicts, "gradient_spike") == [(259, 250, "warning")]
+    (verdict,) = [v for v in probe.verdicts if v.rule == "gradient_spike"]
+    assert verdict.message.startswith("the gradient norm jumped at step 250")
+    run = tripwire.open_run(probe.run_url)
+    steps, norms = run.tensor("metrics/grad_norm").series("value")
+    assert steps.tolist() == list(range(400))
+    assert np.median(norms[250:260]) > 2 * np.median(norms[200:250])
+
+
+def test_healthy_training_has_no_gradient_spike_and_no_norm_is_computed_unless_a_rule_reads_it(tmp_path):
+    probe, losses = probe_fit(tmp_path / "run", config=BOTH)
+    assert np.mean(losses[-40:]) < 0.3 * np.mean(losses[:10])  # it learns
+    assert spikes(probe.verdicts) == spikes(probe.verdicts, "gradient_spike") == []
+    probe, _ = probe_fit(tmp_path / "without", corrupt=range(250, 262))  # loss_spike alone
+    assert "metrics/grad_norm" not in tripwire.open_run(probe.run_url).tensor_names()
+
+
+def shifted_module(steps):
+    """The digits MLP as a LightningModule whose labels are shifted by 3 at `steps`."""
+    import lightning.pytorch as pl
 
     class Shifted(pl.LightningModule):
         def __init__(self):
@@ -71,20 +95,39 @@ def test_lightning_reads_every_step_s_loss_at_the_next_sample(tmp_path):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            if 150 <= self.global_step < 160:
+            if self.global_step in steps:
                 y = (y + 3) % 10
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Shifted()
+
+
+def test_lightning_reads_every_step_s_loss_at_the_next_sample(tmp_path):
+    from tripwire.plugins.lightning import TripwireCallback
+
     callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
-    helpers.fit(callback, Shifted(), max_epochs=6)
+    helpers.fit(callback, shifted_module(range(150, 160)), max_epochs=6)
     assert spikes(callback.verdicts) == [(159, 150, "warning")]
 
 
+def test_lightning_reads_every_step_s_gradient_norm_and_a_healthy_run_has_no_spike(tmp_path):
+    from tripwire.plugins.lightning import TripwireCallback
+
+    callback = TripwireCallback(BOTH, out_dir=tmp_path / "spike")
+    helpers.fit(callback, shifted_module(range(150, 160)), max_epochs=6)
+    assert spikes(callback.verdicts, "gradient_spike") == [(159, 150, "warning")]
+    assert tripwire.open_run(callback.run_url).tensor("metrics/grad_norm").series("value")[0].tolist() == \
+        list(range(6 * 43))  # every step's, before clipping
+    callback = TripwireCallback(BOTH, out_dir=tmp_path / "healthy")
+    trainer = helpers.fit(callback, shifted_module(()), max_epochs=6)
+    assert spikes(callback.verdicts) == spikes(callback.verdicts, "gradient_spike") == []
+
+
 def stream_fires(losses, **params) -> list:
-    watch = LossSpike(**params).loss_stream()
+    watch = LossSpike(**params).stream()
     return [step for step, value in enumerate(losses) if watch.see(step, value)]
 
 
@@ -104,7 +147,7 @@ def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
 def test_a_rule_whose_look_at_every_loss_fails_is_dropped_and_training_goes_on(tmp_path, caplog):
     config = {"rules": [{"rule": "custom_rules:FailingLossStream"}, {"rule": "loss_spike"}]}
     probe, losses = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=config)
-    assert len(losses) == 400 and "could not judge the loss of step 4" in caplog.text
+    assert len(losses) == 400 and "could not judge losses/train of step 4" in caplog.text
     assert spikes(probe.verdicts) == [(259, 250, "warning")]  # the other rule's stream goes on
 
 

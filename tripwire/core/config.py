@@ -74,10 +74,12 @@ class RuleSpec:
     line: int | None = None
 
     def create(self):
-        """A fresh instance of the rule with its params."""
+        """A fresh instance of the rule with its params, told its id."""
         from .rules.registry import rule_class
 
-        return rule_class(self.rule)(**self.params)
+        rule = rule_class(self.rule)(**self.params)
+        rule.id = self.id
+        return rule
 
 
 @dataclass(frozen=True)

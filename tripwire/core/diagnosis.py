@@ -100,6 +100,7 @@ CAUSES: dict[str, Cause] = {
     "unchanged_tensor": Cause("layers that do not train", _NO_STEP),
     "feature_importance_overweight": Cause("one feature carries the model (a leak?)", ("overfit",)),
     "loss_spike": Cause("a loss spike", ("loss_not_decreasing",)),
+    "gradient_spike": Cause("a gradient spike", ("loss_spike", "loss_not_decreasing")),
     "overfit": Cause("overfitting", ("overtraining", "oscillating_loss")),
     "oscillating_loss": Cause("oscillating validation loss", ("overfit",)),
     "loss_not_decreasing:slow": Cause("a slow start (the loss has not gone down yet; the weights drift one way)"),

@@ -98,10 +98,12 @@ class Recorder:
         self._tensorboard = None  # export.TensorBoardSink, with `tensorboard: {dir}`
         self.sinks: list = []  # the user's loggers that verdicts also go to (core.sinks)
         self._nonfinite_loss = False  # check_loss recorded a NaN/Inf loss already
-        # rules that judge the training loss of every step (loss_spike): fed in step order, here in the training
-        # process wherever the rules are evaluated; what they find is recorded as a sample of its own
-        self._loss_streams = [(spec.id, stream) for spec in self.config.rules
-                              if (stream := spec.create().loss_stream()) is not None]
+        # rules that judge a series at every step (loss_spike: the training loss; gradient_spike: the gradient
+        # norm): fed in step order, here in the training process wherever the rules are evaluated; what they find
+        # is recorded as a sample of its own
+        self._streams = [(spec.id, rule.streamed, stream) for spec in self.config.rules
+                         if (stream := (rule := spec.create()).stream()) is not None]
+        self.streamed = {series for _, series, _ in self._streams}  # the series a plugin computes for them alone
         self._held: Decision | None = None  # actions on what they found between the plugin's calls, for poll()
         self._streaming = False  # recording what one found
         self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
@@ -262,8 +264,8 @@ class Recorder:
                 values = {**values, "losses/train": {"value": value}}
             else:
                 self._store_loss(step, mode, loss)
-        elif mode == "train" and "value" in values.get("losses/train", {}) and not self._streaming:
-            self._stream_loss(step, values["losses/train"]["value"])
+        elif mode == "train" and not self._streaming:
+            self._stream(step, values)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_data = time.time()
         if self._budget is not None and self._budget.left_out:
@@ -293,8 +295,8 @@ class Recorder:
         if self.writer is None or not values:
             return
         self.writer.put(Sample(step, mode, values, row=False))
-        if mode == "train" and "value" in values.get("losses/train", {}):
-            self._stream_loss(step, values["losses/train"]["value"])
+        if mode == "train":
+            self._stream(step, values)
         if self._tensorboard is not None:
             self._tensorboard.put(step, mode, values, None)
 
@@ -310,22 +312,26 @@ class Recorder:
         if math.isfinite(value):
             self.scalars(step, mode, {"losses/train": {"value": value}})
 
-    def _stream_loss(self, step: int, value) -> None:
-        """A finite training loss of one step, handed to the rules that judge every step's (loss_spike); what one
-        finds is recorded at this step, with the loss, as `spikes/<rule id>` ({fact: value}), for the rule to
-        judge (as a NaN loss between samples is: a sample of its own)."""
-        for rule_id, stream in list(self._loss_streams):
+    def _stream(self, step: int, values: dict) -> None:
+        """A training step's values, the finite value of each streamed series handed to the rules that judge it at
+        every step (loss_spike, gradient_spike); what one finds is recorded at this step, with the value, as
+        `spikes/<rule id>` ({fact: value}), for the rule to judge (as a NaN loss between samples is: a sample of
+        its own)."""
+        for rule_id, series, stream in list(self._streams):
+            value = values.get(series, {}).get("value")
+            if value is None:
+                continue
             try:
                 found = stream.see(step, float(value))
             except Exception as exc:  # noqa: BLE001 - a rule's own stream (a user's rule) must not stop training
-                self._loss_streams.remove((rule_id, stream))
-                log.warning("tripwire: rule %s could not judge the loss of step %s (%s: %s); it no longer reads "
-                            "every step's loss in this run", rule_id, step, type(exc).__name__, exc)
+                self._streams.remove((rule_id, series, stream))
+                log.warning("tripwire: rule %s could not judge %s of step %s (%s: %s); it no longer reads it at every "
+                            "step in this run", rule_id, series, step, type(exc).__name__, exc)
                 continue
             if found:
-                self._streaming = True  # the loss recorded with it is not handed over again
+                self._streaming = True  # the value recorded with it is not handed over again
                 try:
-                    decision = self.record(step, "train", {"losses/train": {"value": float(value)},
+                    decision = self.record(step, "train", {series: {"value": float(value)},
                                                            f"spikes/{rule_id}": found})
                 finally:
                     self._streaming = False

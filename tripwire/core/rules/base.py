@@ -70,6 +70,8 @@ class Rule:
     # parameter -> the Range of its valid values, where it is not the default one (see `ranges`); a subclass's
     # entries add to its bases'
     limits: ClassVar[dict] = {}
+    streamed: ClassVar[str] = "losses/train"  # the series whose every value `stream()` sees
+    id: str | None = None  # the config's name for this instance (RuleSpec.create); None: the rule's own name
 
     @classmethod
     def _declared(cls) -> dict:
@@ -129,11 +131,12 @@ class Rule:
         """For `idle` rules: called periodically with the time of the last captured sample."""
         return None
 
-    def loss_stream(self):
-        """For rules that judge the training loss of every step, not only of the sampled ones: an object whose
-        `see(step, value)` the recorder calls with each finite training loss the plugin hands over (in step
-        order), and which returns {fact: value} to record at that step where something is to be judged there,
-        else None. None (the default): the rule reads the sampled steps alone."""
+    def stream(self):
+        """For rules that judge a series at every step the plugin hands it over, not only at the sampled ones (the
+        training loss, the gradient norm: `streamed`): an object whose `see(step, value)` the recorder calls with
+        each finite value of that series (in step order), and which returns {fact: value} to record at that step
+        where something is to be judged there, else None. None (the default): the rule reads the sampled steps
+        alone."""
         return None
 
     def fire(self, step: int, message: str, *, severity: str | None = None, finding: str = "",

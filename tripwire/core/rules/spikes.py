@@ -1,9 +1,10 @@
-"""A training loss that jumps far above its own recent level and stays there: judged on the loss of every step the
-plugin hands over (Rule.loss_stream), not on the sampled steps alone."""
+"""A training loss, or a gradient norm, that jumps far above its own recent level and stays there: judged on the value
+of every step the plugin hands over (Rule.stream), not on the sampled steps alone."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,19 +48,48 @@ class LossSpike(Rule):
     def requires(self):
         return [Requirement("losses")]
 
-    def loss_stream(self):
+    what = "the training loss"  # in the verdict's message
+
+    def stream(self):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience)
 
     def check(self, run, step):
-        began = values_at(run, step, "began", ["spikes"])
+        mine = f"^spikes/{re.escape(self.id or self.name)}$"  # what the recorder found for this rule, as this rule
+        began = values_at(run, step, "began", ["spikes"], mine)
         if not began:
             return None
         name, start = next(iter(began.items()))
-        value, level = (values_at(run, step, key, ["spikes"]).get(name) for key in ("value", "level"))
-        return self.fire(step, f"the training loss jumped at step {int(start)} and stays up: {value:.4g} at step "
+        value, level = (values_at(run, step, key, ["spikes"], mine).get(name) for key in ("value", "level"))
+        return self.fire(step, f"{self.what} jumped at step {int(start)} and stays up: {value:.4g} at step "
                                f"{step}, {self.patience} steps in a row, against a recent level (median) of "
                                f"{level:.4g}. Roll back to a checkpoint from before step {int(start)}.",
                          finding=f"{int(start)}", onset=int(start), began=int(start))
+
+
+@dataclass
+class GradientSpike(LossSpike):
+    """The total gradient norm jumps far above its own recent level and stays there: in a large model's run it
+    often shows before the loss does. Not in the default config: the norm of every step's gradients is one more
+    pass over them (a few percent of a small model's step)."""
+
+    name = "gradient_spike"
+    streamed = "metrics/grad_norm"
+    what = "the gradient norm"
+    condition = ("the total l2 norm of the gradients of every step (`metrics/grad_norm`: Lightning and the probe "
+                 "compute it where this rule is on, after the loss scale is removed and before clipping; the "
+                 "Transformers Trainer logs it at its logging steps; not Keras, whose step is compiled, nor XGBoost), "
+                 "judged as loss_spike judges the loss: against the `window` finite norms before it, above their "
+                 "median by `threshold` robust standard deviations and by `ratio` of it, and above their 99th "
+                 "percentile, `patience` steps in a row")
+    hint = ("The gradient norm jumped and stays up: a batch of bad data, a learning rate too high for this stage, "
+            "fp16 overflow, an optimizer state gone stale after a resume; the loss often follows. Roll back to the "
+            "checkpoint before the step it began and skip that data, or lower the learning rate, or clip "
+            "gradients (gradient_clip_val / clip_grad_norm_).")
+    source = ("Large-model training reports (OPT, BLOOM, PaLM) watch the gradient norm beside the loss for spikes "
+              "to roll back from; judged here against the norm's own noise, with patience, as loss_spike.")
+
+    def requires(self):
+        return [Requirement("metrics")]  # the series it reads is one, as the Trainer's grad_norm is
 
 
 class SpikeWatch:

@@ -32,6 +32,8 @@ from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.plugins.torch.capture import TorchCapture, step_closure
 from tripwire.plugins.torch.firststep import look_once
+from tripwire.plugins.torch.gradnorm import SERIES as GRADIENT_NORM
+from tripwire.plugins.torch.gradnorm import GradientNorms
 from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
@@ -94,6 +96,7 @@ class TripwireCallback(*_callback_bases()):
         self._capture: TorchCapture | None = None
         self._resume_url: str | None = None
         self._sampled = False
+        self._norms: GradientNorms | None = None  # every step's gradient norm, where a rule reads it
         self._listen(False)
         self._watching: list = []  # handles of the optimizers' post-step hooks, while they wake this callback
         self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
@@ -174,6 +177,8 @@ class TripwireCallback(*_callback_bases()):
             trainer.num_training_batches > 1 else None
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
+        self._norms = GradientNorms() if GRADIENT_NORM in self._recorder.streamed else None
+        self._listen(self._sampled)
         return self._recorder.run_url
 
     def on_exception(self, trainer, pl_module, exception):
@@ -191,6 +196,8 @@ class TripwireCallback(*_callback_bases()):
         if self._capture is not None:
             self._capture.close()
         self._loss_watch.close(self._recorder)
+        if self._norms is not None:
+            self._norms.store(self._recorder)
         if self._recorder is not None:
             try:
                 self._recorder.finish(state)
@@ -248,9 +255,10 @@ class TripwireCallback(*_callback_bases()):
         look_once(pl_module, "training_step", step, seen)
 
     def _listen(self, sampled: bool) -> None:
-        """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips)."""
+        """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips); the
+        gradients' hook stays on where every step's gradient norm is read."""
         for name in SAMPLED_STEP_HOOKS:
-            if sampled:
+            if sampled or (name == "on_before_optimizer_step" and self._norms is not None):
                 self.__dict__.pop(name, None)
             else:
                 self.__dict__[name] = None
@@ -346,7 +354,10 @@ class TripwireCallback(*_callback_bases()):
         return found
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self._capture is not None:
+        """The gradients, after the loss scale is removed and before clipping."""
+        if self._norms is not None:
+            self._norms.see(trainer.global_step, optimizer, self._recorder)
+        if self._capture is not None and self._sampled:
             self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -383,6 +394,8 @@ class TripwireCallback(*_callback_bases()):
             differ = self._replicas.differ(trainer.optimizers)  # every rank, recording or not, at the same steps
         if self._capture is not None:
             self._loss_watch.store(self._recorder)  # the steps' losses since the last sample, before this step's
+            if self._norms is not None:
+                self._norms.store(self._recorder)
             scalars = {f"metrics/{k}": v for k, v in trainer.callback_metrics.items()
                        if k not in self._eval_keys} if capture.wants("metrics") else {}
             if differ is not None:

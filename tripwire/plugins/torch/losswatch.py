@@ -30,7 +30,7 @@ class LossWatch:
         several values counts as their mean."""
         kept, self.kept = self.kept, []
         try:
-            return _read(kept)
+            return read_kept(kept)
         except Exception:  # noqa: BLE001 - a loss tripwire cannot read (meta, quantized) must not stop training
             return []
 
@@ -100,7 +100,7 @@ def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:
     return step, float(loss.float().mean())
 
 
-def _read(kept: list) -> list[tuple[int, float]]:
+def read_kept(kept: list) -> list[tuple[int, float]]:
     """(step, value) of kept losses: the tensors in one copy to the host."""
     tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
     numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept

@@ -54,6 +54,8 @@ from tripwire.core.rules.relations import SKIPPED_STEPS
 
 from .capture import TorchCapture, step_closure
 from .firststep import LossSpy
+from .gradnorm import SERIES as GRADIENT_NORM
+from .gradnorm import GradientNorms
 from .losswatch import KEPT_LOSSES, LossWatch
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
@@ -94,6 +96,7 @@ class TripwireProbe:
                                      ranks_together=self.config.workers == "all" and _several_processes())
         # the loss of every step between samples: judged for NaN/Inf at once, kept, and stored at the next sample
         self._losses = LossWatch(keep="losses" in self._recorder.plan.collections)
+        self._norms = GradientNorms() if GRADIENT_NORM in self._recorder.streamed else None  # where a rule reads it
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
@@ -173,6 +176,8 @@ class TripwireProbe:
             if differ is not None:
                 scalars["relations/replicas_differ"] = differ
         self._losses.store(self._recorder)  # the steps' losses since the last sample, before this step's
+        if self._norms is not None:
+            self._norms.store(self._recorder)
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
         origin = self._origin_of(step, _nonfinite(loss))
         decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
@@ -211,6 +216,8 @@ class TripwireProbe:
         self._end_look()
         self._capture.close()
         self._losses.close(self._recorder)
+        if self._norms is not None:
+            self._norms.store(self._recorder)
         self._recorder.finish(state or ("stopped" if self.should_stop else "finished"))
 
     def __enter__(self) -> "TripwireProbe":
@@ -243,6 +250,8 @@ class TripwireProbe:
             self._capture.before_optimizer_step(optimizer, gradients_later=closure)
         if self._forward is not None and self._forward[3] is None and not closure:
             self._look_for_origin()
+        if self._norms is not None and not closure:  # a GradScaler's step calls this after removing its scale
+            self._norms.see(self.global_step, optimizer, self._recorder)
         if self._updates is not None and not self._sampled and not closure:
             self._updates.before(optimizer)
 
