@@ -12,6 +12,8 @@ import numpy as np
 from ..ranges import COUNT
 from .base import Requirement, Rule, values_at
 
+MIN_SEEN = 20  # finite values seen before the first is judged (loss_spike)
+
 
 @dataclass
 class LossSpike(Rule):
@@ -49,9 +51,10 @@ class LossSpike(Rule):
         return [Requirement("losses")]
 
     what = "the training loss"  # in the verdict's message
+    settled = MIN_SEEN
 
     def stream(self):
-        return SpikeWatch(self.window, self.threshold, self.ratio, self.patience)
+        return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled)
 
     def check(self, run, step):
         mine = f"^spikes/{re.escape(self.id or self.name)}$"  # what the recorder found for this rule, as this rule
@@ -75,12 +78,16 @@ class GradientSpike(LossSpike):
     name = "gradient_spike"
     streamed = "metrics/grad_norm"
     what = "the gradient norm"
+    # a whole window first: leaving its initialisation, a healthy model's gradient norm climbs for tens of steps
+    # (to 2-5x its first steps', in the zoo), which a level of the first 20 steps would read as a spike
+    settled = None
     condition = ("the total l2 norm of the gradients of every step (`metrics/grad_norm`: Lightning and the probe "
                  "compute it where this rule is on, after the loss scale is removed and before clipping; the "
                  "Transformers Trainer logs it at its logging steps; not Keras, whose step is compiled, nor XGBoost), "
-                 "judged as loss_spike judges the loss: against the `window` finite norms before it, above their "
-                 "median by `threshold` robust standard deviations and by `ratio` of it, and above their 99th "
-                 "percentile, `patience` steps in a row")
+                 "judged as loss_spike judges the loss: against the `window` finite norms before it (a whole "
+                 "window: the first `window` steps are not judged), above their median by `threshold` robust "
+                 "standard deviations and by `ratio` of it, and above their 99th percentile, `patience` steps in "
+                 "a row")
     hint = ("The gradient norm jumped and stays up: a batch of bad data, a learning rate too high for this stage, "
             "fp16 overflow, an optimizer state gone stale after a resume; the loss often follows. Roll back to the "
             "checkpoint before the step it began and skip that data, or lower the learning rate, or clip "
@@ -96,18 +103,19 @@ class SpikeWatch:
     """LossSpike's look at every step: a ring of the recent finite losses, their median and spread recomputed every
     tenth step (about 10 us), and one comparison per step."""
 
-    MIN_SEEN = 20
     REFRESH = 10
     FITTED = 1e-3  # a recent level below this share of the first one: the data fit exactly, not judged
 
-    def __init__(self, window: int, threshold: float, ratio: float, patience: int):
+    def __init__(self, window: int, threshold: float, ratio: float, patience: int, min_seen: int | None = MIN_SEEN):
+        """min_seen: finite values seen before the first is judged (None: a whole window)."""
         self.window, self.threshold, self.ratio, self.patience = int(window), threshold, ratio, int(patience)
+        self.min_seen = self.window if min_seen is None else min(int(min_seen), self.window)
         self._recent: list = []  # the last `window` losses outside spikes
         self._limit: float | None = None  # above it a loss is high
         self._level = 0.0
         self._since_refresh = 0
         self._high: list = []  # (step, value) of the high losses in a row so far
-        self._first_level: float | None = None  # the median of the first MIN_SEEN losses
+        self._first_level: float | None = None  # the median of the first values judged against
 
     def see(self, step: int, value: float) -> dict | None:
         if not math.isfinite(value):
@@ -121,7 +129,7 @@ class SpikeWatch:
         self._recent.append(value)
         del self._recent[:-self.window]
         self._since_refresh += 1
-        if len(self._recent) >= self.MIN_SEEN and (self._limit is None or self._since_refresh >= self.REFRESH):
+        if len(self._recent) >= self.min_seen and (self._limit is None or self._since_refresh >= self.REFRESH):
             self._refresh()
         return None
 
