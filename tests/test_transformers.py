@@ -134,6 +134,19 @@ def test_a_nan_loss_stops_training_at_the_step_it_appears_and_the_trainer_checkp
         {"run_url": cb.run_url}
 
 
+def test_the_trainer_s_own_grad_norm_is_judged_for_spikes_at_the_steps_it_logs(tmp_path):
+    """With a log every step, gradient_spike reads the grad_norm the Trainer logs (before it clips): a shard of
+    flipped labels after 150 steps of a stream is told at the step it began, after `patience` steps."""
+    (xt, yt), (xv, yv) = data.token_presence()
+    x, y = np.resize(xt, (200 * 32, xt.shape[1])), np.resize(yt, 200 * 32)
+    y[150 * 32:162 * 32] = 1 - y[150 * 32:162 * 32]
+    cb = TripwireCallback({"rules": [{"rule": "gradient_spike"}]})
+    fit(cb, tmp_path, train=Stream(x, y), val=Rows(xv, yv), max_steps=200, logging_steps=1, eval_strategy="no")
+    assert [(v.step, v.onset) for v in counted(cb.run_url)] == [(159, 150)]
+    steps, norms = tripwire.open_run(cb.run_url).tensor("metrics/grad_norm").series("value")
+    assert len(steps) == 200 and np.median(norms[150:160]) > 2 * np.median(norms[100:150])
+
+
 class StopsUpdating(torch.optim.AdamW):
     """AdamW whose step does nothing after `working` steps."""
 
