@@ -46,12 +46,11 @@ class LossSpike(Rule):
             "learning rate, or clip gradients.")
     source = ("Large-model training logs (OPT, BLOOM, PaLM) restart from the checkpoint before a loss spike, "
               "skipping its batches; judged here against the loss's own noise, with patience, not one threshold.")
+    what = "the training loss"  # in the verdict's message
+    settled = MIN_SEEN  # finite values seen before the first is judged
 
     def requires(self):
         return [Requirement("losses")]
-
-    what = "the training loss"  # in the verdict's message
-    settled = MIN_SEEN
 
     def stream(self):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled)

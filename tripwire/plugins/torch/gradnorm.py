@@ -6,7 +6,7 @@ parameters, a few percent of its step).
 Shared by the Lightning callback and the plain-loop probe, which call `see` after the loss scale is removed and
 before clipping. On the CPU a norm is handed over at once; on an accelerator it stays on the device and is read
 with the next sample (`store`), or once KEPT_LOSSES are kept, so that no step waits for the device. Sharded
-gradients (DTensor: FSDP2) are not judged: a rank's shard is not the whole gradient.
+gradients (DTensor: FSDP2) are not judged, a rank's shard not being the whole gradient; nor are sparse ones.
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ class GradientNorms:
     def __init__(self):
         self.kept: list = []  # (step, norm on its device) since the last store
         self._off = False
+        self._last_step: int | None = None
 
     def see(self, step: int, optimizer, recorder) -> None:
         """The norm of the gradients `optimizer` holds at `step`, handed to `recorder` (now, or with the next
-        sample on an accelerator). A failure turns it off for the run, said once: it must never stop training."""
-        if self._off:
+        sample on an accelerator): one a step, the first optimizer's where several step in one (a plain loop's GAN).
+        A failure turns it off for the run, said once: it must never stop training."""
+        if self._off or step == self._last_step:
             return
+        self._last_step = step
         try:
             norm = _norm(getattr(optimizer, "optimizer", optimizer))  # Lightning's LightningOptimizer unwrapped
         except Exception as exc:  # noqa: BLE001
