@@ -1,7 +1,7 @@
 """Every step's total gradient norm (`metrics/grad_norm`, the l2 norm of all the gradients an optimizer holds, as
 the Hugging Face Trainer logs it), for the rules that judge it at every step (gradient_spike): computed only where
-such a rule is on, since it is one more pass over the gradients (~50 us on the CPU for the benchmark MLP's 300,000
-parameters, a few percent of its step).
+such a rule is on, since it is one more pass over the gradients: ~60 us on one CPU thread for the benchmark MLP's
+100,000 parameters, 4 % of its 1.5 ms step (measured here, best of 5 x 2,000).
 
 Shared by the Lightning callback and the plain-loop probe, which call `see` after the loss scale is removed and
 before clipping. On the CPU a norm is handed over at once; on an accelerator it stays on the device and is read
