@@ -101,7 +101,8 @@ def _on_host(step: int, loss: torch.Tensor) -> tuple[int, float] | None:
 
 
 def read_kept(kept: list) -> list[tuple[int, float]]:
-    """(step, value) of kept losses: the tensors in one copy to the host."""
+    """(step, value) of kept values (losses; gradient norms, tripwire.plugins.torch.gradnorm): the tensors in one
+    copy to the host."""
     tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
     numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept
                if not isinstance(loss, torch.Tensor)]
