@@ -95,7 +95,9 @@ class GradientSpike(LossSpike):
               "to roll back from; judged here against the norm's own noise, with patience, as loss_spike.")
 
     def requires(self):
-        return [Requirement("metrics")]  # the series it reads is one, as the Trainer's grad_norm is
+        # judged at the steps a spike is recorded at (with the norm, a metric, as the Trainer's grad_norm is) and at
+        # the sampled steps (which capture the loss), so that a run without a spike is not said to be unjudged
+        return [Requirement("metrics"), Requirement("losses")]
 
 
 class SpikeWatch:
