@@ -68,11 +68,14 @@ def test_a_bad_shard_of_data_is_a_gradient_spike_too_each_rule_reading_its_own_s
     probe, _ = probe_fit(tmp_path / "run", corrupt=range(250, 262), config=BOTH)
     assert spikes(probe.verdicts) == spikes(probe.verdicts, "gradient_spike") == [(259, 250, "warning")]
     (verdict,) = [v for v in probe.verdicts if v.rule == "gradient_spike"]
-    assert verdict.message.startswith("the gradient norm jumped at step 250")
     run = tripwire.open_run(probe.run_url)
     steps, norms = run.tensor("metrics/grad_norm").series("value")
     assert steps.tolist() == list(range(400))
     assert np.median(norms[250:260]) > 2 * np.median(norms[200:250])
+    # its own facts, not loss_spike's of the same step: the norm of step 259, not the loss
+    assert verdict.message.startswith(f"the gradient norm jumped at step 250 and stays up: {norms[259]:.4g} at step 259")
+    (loss_verdict,) = [v for v in probe.verdicts if v.rule == "loss_spike"]
+    assert f"{run.tensor('losses/train').reduction(259):.4g} at step 259" in loss_verdict.message
 
 
 def test_healthy_training_has_no_gradient_spike_and_no_norm_is_computed_unless_a_rule_reads_it(tmp_path):
