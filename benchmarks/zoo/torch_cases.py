@@ -783,6 +783,129 @@ def optimizer_misses_head(attach, long):
     return train_classifier(attach, long, mlp, first_layer_only)
 
 
+class VAE(nn.Module):
+    """pytorch/examples' VAE (fc1 400 wide, a 20-dimensional code, a sigmoid output), on 64 pixels: `forward`
+    returns the reconstruction, the code's mean and its log-variance."""
+
+    def __init__(self, pixels: int = 64, hidden: int = 400, code: int = 20):
+        super().__init__()
+        self.fc1, self.fc21, self.fc22 = nn.Linear(pixels, hidden), nn.Linear(hidden, code), nn.Linear(hidden, code)
+        self.fc3, self.fc4 = nn.Linear(code, hidden), nn.Linear(hidden, pixels)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        mu, logvar = self.fc21(h), self.fc22(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return torch.sigmoid(self.fc4(F.relu(self.fc3(z)))), mu, logvar
+
+
+def vae_loss(output, x):
+    """pytorch/examples' VAE loss: the reconstruction's binary cross-entropy summed over the batch's pixels, plus the
+    code's KL divergence from N(0, 1), summed too (a loss in the thousands, with gradients to match)."""
+    reconstruction, mu, logvar = output
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return F.binary_cross_entropy(reconstruction, x, reduction="sum") + kld
+
+
+def vae(attach, long):
+    """The VAE on the digits' pixels scaled to [0, 1], Adam 1e-3, batches of 128, in a plain loop; learned: the
+    validation reconstruction's binary cross-entropy per pixel below 0.9 x that of the mean training image."""
+    torch.manual_seed(0)
+    (xt, _), (xv, _) = data.digits(standardise=False)
+    xt, xv = xt / 16.0, xv / 16.0
+    model = VAE()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    images = torch.as_tensor(xv, device=DEVICE)
+
+    def evaluate(model):
+        return {"val_loss": vae_loss(model(images), images).item() / images.numel()}
+
+    steps = train_loop(attach, model, optimizer, loader(xt, xt, batch_size=128), (30, 120)[long], vae_loss,
+                       evaluate)
+    mean_image = torch.as_tensor(xt.mean(0), device=DEVICE).clamp(1e-4, 1 - 1e-4).expand_as(images)
+    baseline = F.binary_cross_entropy(mean_image, images).item()
+    model.eval()
+    with torch.no_grad():
+        error = F.binary_cross_entropy(model(images)[0], images).item()
+    return reached("val_bce / mean image's", error / baseline, 0.9, steps, higher=False)
+
+
+class DCGAN(nn.Module):
+    """pytorch/examples' DCGAN, two stages deep for 8x8 images: transposed convolutions with BatchNorm and ReLU to a
+    Tanh image, strided convolutions with LeakyReLU to a sigmoid score. `forward(z)` generates."""
+
+    def __init__(self, latent: int = 16, width: int = 32):
+        super().__init__()
+        self.latent = latent
+        self.generator = nn.Sequential(
+            nn.ConvTranspose2d(latent, width * 2, 4, 1, 0, bias=False), nn.BatchNorm2d(width * 2), nn.ReLU(True),
+            nn.ConvTranspose2d(width * 2, 1, 4, 2, 1, bias=False), nn.Tanh())
+        self.discriminator = nn.Sequential(
+            nn.Conv2d(1, width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(width, width * 2, 3, 1, 1, bias=False), nn.BatchNorm2d(width * 2),
+            nn.LeakyReLU(0.2, inplace=True), nn.Conv2d(width * 2, 1, 4, 1, 0, bias=False), nn.Sigmoid())
+        for module in self.modules():  # the example's weights_init
+            if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.normal_(module.weight, 1.0, 0.02)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, z):
+        return self.generator(z)
+
+
+def gan_loop(attach, gan: DCGAN, real_images, epochs: int, d_optimizer, g_optimizer) -> int:
+    """pytorch/examples' DCGAN loop, with the probe when attached; the steps that ran."""
+    steps = 0
+    probe_or_nothing = attach.probe(gan, [d_optimizer, g_optimizer]) if attach is not None else \
+        contextlib.nullcontext()
+    with probe_or_nothing as probe:
+        for _ in range(epochs):
+            for (real,) in DataLoader(TensorDataset(real_images), batch_size=64, shuffle=True):
+                real = real.to(DEVICE)
+                fake = gan(torch.randn(len(real), gan.latent, 1, 1, device=DEVICE))
+                d_optimizer.zero_grad()
+                real_score, fake_score = gan.discriminator(real).view(-1), gan.discriminator(fake.detach()).view(-1)
+                d_loss = F.binary_cross_entropy(real_score, torch.ones_like(real_score)) + \
+                    F.binary_cross_entropy(fake_score, torch.zeros_like(fake_score))
+                d_loss.backward()
+                d_optimizer.step()
+                g_optimizer.zero_grad()
+                fake_score = gan.discriminator(fake).view(-1)
+                g_loss = F.binary_cross_entropy(fake_score, torch.ones_like(fake_score))
+                g_loss.backward()
+                g_optimizer.step()
+                steps += 1
+                if probe is not None:
+                    probe.step(d_loss, metrics={"g_loss": g_loss.item()})
+                if should_stop(attach, probe):
+                    return steps
+    return steps
+
+
+def dcgan(attach, long):
+    """The DCGAN on the digit images scaled to [-1, 1], as pytorch/examples trains it in a plain loop: per batch a
+    discriminator step on real and generated images, then a generator step, each with its own Adam (2e-4, beta1
+    0.5); the probe watches both optimizers and is handed the discriminator's loss, the generator's as a metric.
+    Learned: the generated images' mean image within 0.1 (mean squared) of the real one and their pixels spread
+    at least half as widely."""
+    torch.manual_seed(0)
+    (xt, _), _ = data.digits(standardise=False)
+    real_images = torch.as_tensor(xt.reshape(-1, 1, 8, 8) / 8.0 - 1.0)
+    gan = DCGAN().to(DEVICE)
+    d_optimizer = torch.optim.Adam(gan.discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    g_optimizer = torch.optim.Adam(gan.generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    steps = gan_loop(attach, gan, real_images, (25, 100)[long], d_optimizer, g_optimizer)
+    gan.eval()
+    with torch.no_grad():
+        generated = gan(torch.randn(1024, gan.latent, 1, 1, device=DEVICE)).cpu()
+    mean_error = float(((generated.mean(0) - real_images.mean(0)) ** 2).mean())
+    spread = float(generated.std(0).mean() / real_images.std(0).mean())
+    return Outcome(bool(mean_error < 0.1 and spread >= 0.5), f"mean image error {mean_error:.3f} (< 0.1), pixel "
+                   f"spread {spread:.2f} of the real images' (>= 0.5)", steps)
+
+
 class FirstSampleOnly(torch.utils.data.Dataset):
     """A dataset whose __getitem__ forgets its index: every batch is the first sample, again and again."""
 
@@ -911,6 +1034,8 @@ CASES: list[Case] = [
     Case("torch", "tied_lm", tied_lm),
     Case("torch", "mse_regression", mse_regression),
     Case("torch", "cosine_label_smoothing", cosine_label_smoothing),
+    Case("torch", "vae", vae),
+    Case("torch", "dcgan", dcgan),
     Case("lightning", "mlp_lr_x1000", mlp_lr_x1000, fault="lr x1000 (Adam 1.0)",
          catch=("exploding_tensor", "weight_update_ratio", "exploding_gradient", "dead_relu", "loss_not_decreasing",
                 "learning_rate"), cause=("learning_rate", "weight_update_ratio", "exploding_gradient")),

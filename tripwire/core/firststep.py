@@ -79,6 +79,9 @@ class LossUse:
     over_one: the softmax that produced the input ran over a dimension of one unit (always 1).
     labels: the targets' statistics, where the plugin saw them with the loss.
     settings: the loss's own (from_logits, reduction, label_smoothing, …), as plain values.
+    terms: how many terms the loss adds up, where its reduction sums them instead of taking their mean (torch's
+        `reduction="sum"`, Keras' `"sum"`): its value and its gradients are that many times those of the mean.
+        Each plugin counts them as its framework sums; None for a mean.
     """
 
     loss: str
@@ -89,17 +92,26 @@ class LossUse:
     over_one: bool = False
     labels: Labels | None = None
     settings: dict = field(default_factory=dict)
+    terms: int | None = None
 
 
 @dataclass(frozen=True)
 class FirstStep:
+    """step: the step seen. losses: a LossUse per loss the step called.
+    objectives: how many objectives the step trains in turn, each with a backward pass of its own followed by
+    its optimizers' steps (a GAN's discriminator step, then its generator step: 2); None where the plugin cannot
+    tell. With more than one, the loss handed to tripwire is one objective among others trained against or beside
+    it, and whether it goes down says nothing about the training (`one_objective`)."""
+
     step: int
     losses: tuple = ()
+    objectives: int | None = None
 
     def to_dict(self) -> dict:
         """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
-        return {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
-                                              for u in self.losses]}
+        stored = {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
+                                                for u in self.losses]}
+        return stored if self.objectives is None else {**stored, "objectives": self.objectives}
 
     @classmethod
     def from_dict(cls, data) -> FirstStep | None:
@@ -110,13 +122,26 @@ class FirstStep:
                 labels = entry.get("labels")
                 labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
                 losses.append(LossUse(**{**entry, "labels": labels}))
-            return cls(int(data["step"]), tuple(losses))
+            objectives = data.get("objectives")
+            return cls(int(data["step"]), tuple(losses), None if objectives is None else int(objectives))
         except (KeyError, TypeError, ValueError):
             return None
 
 
+def one_objective(first: FirstStep | None) -> bool:
+    """Whether the training loss is the one objective the step trains (or the plugin cannot tell otherwise): the
+    rules that judge its course (loss_not_decreasing, loss_spike) judge it only then."""
+    return first is None or first.objectives is None or first.objectives <= 1
+
+
+def summed_terms(first: FirstStep | None) -> int | None:
+    """The most terms one of the first step's losses adds up (LossUse.terms); None where each takes a mean."""
+    counts = [use.terms for use in (first.losses if first is not None else ()) if use.terms]
+    return max(counts) if counts else None
+
+
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
-             labels=None, **settings) -> LossUse | None:
+             labels=None, terms: int | None = None, **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -125,7 +150,7 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
         reads = "probabilities"
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
-                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))})
+                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms)
 
 
 def task_of(first: FirstStep | None) -> str | None:

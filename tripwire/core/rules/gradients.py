@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..firststep import task_of
+from ..firststep import summed_terms, task_of
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
 from .base import Requirement, Rule, held, loss_fell_below, of_roles, values_at
@@ -81,7 +81,10 @@ class ExplodingGradient(Rule):
                  "`max_norm`, for a regression times its first training loss where that is above 1 (the loss's "
                  "scale is the targets' units: a regression on targets in the hundreds starts at a loss of 10^4 "
                  "and trains with gradient norms in the thousands; a classifier's loss starts near ln C, and a "
-                 "large one is the bad initialisation this rule is for)")
+                 "large one is the bad initialisation this rule is for), and for a loss that sums its terms "
+                 "instead of taking their mean (torch's reduction=\"sum\", Keras' \"sum\") times their number, "
+                 "where the first step shows it (its gradients are that many times the mean's: a VAE's summed "
+                 "pixel losses)")
     hint = ("Gradients grow as they flow back through the layers, so early layers take huge steps. Likely causes: "
             "weights initialised too large, no normalisation, a deep stack without residual connections, a "
             "learning rate too high. Try: gradient clipping (gradient_clip_val / clipnorm), He or Glorot "
@@ -98,12 +101,14 @@ class ExplodingGradient(Rule):
     def check(self, run, step):
         norms = of_roles(run, values_at(run, step, "l2", ["gradients"]), KERNEL_ROLES)
         found = []
-        bound = self.max_norm * max(1.0, self._loss_scale(run, step))
+        regression, terms = self._loss_scale(run, step), summed_terms(run.first_step) or 0
+        bound = self.max_norm * max(1.0, regression, terms)
         large = {n: v for n, v in norms.items() if v > bound}
         if large:
             name = max(large, key=large.get)
-            scaled = f" (max_norm {self.max_norm:g} times the first training loss of this regression)" \
-                if bound > self.max_norm else ""
+            scaled = "" if bound == self.max_norm else \
+                f" (max_norm {self.max_norm:g} times the {terms} terms the loss sums)" if terms >= regression else \
+                f" (max_norm {self.max_norm:g} times the first training loss of this regression)"
             found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {bound:.3g}{scaled}.",
                                    finding="norm", gradients=large, max_norm=bound))
         layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..firststep import one_objective
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from .base import FIRST_LABELS, HEALTHY_STEP, Requirement, Rule, checked_mode, of_roles, values_at
@@ -42,7 +43,10 @@ class LossNotDecreasing(Rule):
                  "size times as many steps (error: nothing learns), or above it, its median by `min_drop`, three "
                  "or more windows in (warning: the loss rises); or it "
                  "is not below the window before it while it is below the first (info: it levelled off, training "
-                 "has converged). Not judged while the learning rate is still rising (a warmup). Finding `stuck` "
+                 "has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
+                 "training loss that is one of several objectives the step trains in turn, each with a backward "
+                 "pass and optimizer steps of its own (a GAN's discriminator and generator: neither need go "
+                 "down; torch, seen at the first step). Finding `stuck` "
                  "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
                  "of what predicting the targets' mean scores under mean squared error (the first batch's "
                  "variance), or the steps move the weights as a healthy step does (1e-3 of their norm, median) or "
@@ -80,6 +84,8 @@ class LossNotDecreasing(Rule):
         self._drift.setdefault(run.default_worker, _Drift()).see(run, step)
         found = []
         for name in run.tensor_names(regex=self.tensor_regex, mode=self.mode):
+            if name.startswith("losses/") and not one_objective(run.first_step):
+                continue  # one of a GAN's losses: trained against another, it need not go down
             steps, values = run.tensor(name).series(mode=self.mode)
             if not len(steps) or steps[-1] != step:
                 continue

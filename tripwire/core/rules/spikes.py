@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..firststep import one_objective
 from ..ranges import COUNT
 from .base import Requirement, Rule, values_at
 
@@ -39,7 +40,10 @@ class LossSpike(Rule):
                  "a row; not once that median is below a thousandth of the first losses' (a "
                  "model that fits its data exactly, where one sample's loss is noise around 0). "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
-                 "`patience` is reached, naming the step it began")
+                 "`patience` is reached, naming the step it began. Not on a training loss that is one of several "
+                 "objectives the step trains in turn, each with a backward pass and optimizer steps of its own (a "
+                 "GAN: the discriminator's loss climbs back from near 0 as the generator learns; torch, seen at "
+                 "the first step)")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "
             "warmup or a restart of the schedule), fp16 overflow, an optimizer state that went stale after "
             "a resume. Roll back to the checkpoint before the step it began and skip that data, or lower the "
@@ -56,6 +60,8 @@ class LossSpike(Rule):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled)
 
     def check(self, run, step):
+        if not one_objective(run.first_step):
+            return None  # a GAN's loss, or its gradients' norm: each objective is trained against another
         mine = f"^spikes/{re.escape(self.id or self.name)}$"  # what the recorder found for this rule, as this rule
         began = values_at(run, step, "began", ["spikes"], mine)
         if not began:
@@ -86,7 +92,7 @@ class GradientSpike(LossSpike):
                  "judged as loss_spike judges the loss: against the `window` finite norms before it (a whole "
                  "window: the first `window` steps are not judged), above their median by `threshold` robust "
                  "standard deviations and by `ratio` of it, and above their 99th percentile, `patience` steps in "
-                 "a row")
+                 "a row; not where the step trains several objectives in turn (a GAN)")
     hint = ("The gradient norm jumped and stays up: a batch of bad data, a learning rate too high for this stage, "
             "fp16 overflow, an optimizer state gone stale after a resume; the loss often follows. Roll back to the "
             "checkpoint before the step it began and skip that data, or lower the learning rate, or clip "

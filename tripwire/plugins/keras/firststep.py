@@ -4,6 +4,7 @@ loss reads the model's output, the output layer's activation, and the labels of 
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from tripwire.core.firststep import FirstStep, loss_use
 
@@ -34,6 +35,7 @@ def first_step(model, step: int, labels=None) -> FirstStep:
     canonical, targets = LOSSES[name]
     output, units = _output(model)
     use = loss_use(canonical, output, units, output == "softmax" and units == 1, labels,
+                   _summed_terms(labels) if settings.get("reduction") == "sum" else None,
                    **settings, **({"targets": targets} if targets else {}))
     return FirstStep(step, (use,) if use is not None else ())
 
@@ -47,6 +49,8 @@ def _name_and_settings(loss) -> tuple[str | None, dict]:
         settings = {"from_logits": bool(config.get("from_logits", False))} if "crossentropy" in name else {}
         if config.get("label_smoothing"):
             settings["label_smoothing"] = float(config["label_smoothing"])
+        if config.get("reduction") == "sum":
+            settings["reduction"] = "sum"
     elif callable(loss):
         name, settings = getattr(loss, "__name__", "").lower(), {}
         if "crossentropy" in name:
@@ -54,6 +58,15 @@ def _name_and_settings(loss) -> tuple[str | None, dict]:
     else:
         return None, {}
     return _SPELLINGS.get(name, name), settings
+
+
+def _summed_terms(labels) -> int | None:
+    """The per-sample losses a Keras loss with reduction "sum" adds up: one per label row (each the mean over the
+    last axis, as Keras computes a sample's loss); None where the labels were not seen."""
+    shape = getattr(labels, "shape", None)
+    if not shape:
+        return None
+    return int(np.prod(shape[:-1])) if len(shape) >= 2 else int(shape[0])
 
 
 def _output(model) -> tuple[str | None, int | None]:

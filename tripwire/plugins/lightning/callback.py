@@ -252,7 +252,7 @@ class TripwireCallback(*_callback_bases()):
             if self._recorder is not None:
                 self._recorder.first_step(facts)
 
-        look_once(pl_module, "training_step", step, seen)
+        look_once(pl_module, "training_step", step, seen, pl_module.trainer.optimizers)
 
     def _listen(self, sampled: bool) -> None:
         """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips); the

@@ -12,11 +12,14 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
+from dataclasses import replace
 
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from tripwire.core.firststep import READS, FirstStep, loss_use
+
+from .objectives import Objectives
 
 log = logging.getLogger("tripwire")
 
@@ -85,7 +88,8 @@ class LossSpy(TorchFunctionMode):
         labels = target.detach().to("cpu").numpy() if isinstance(target, torch.Tensor) and \
             target.layout == torch.strided and not target.is_meta else None
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
-        use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, **settings)
+        terms = _summed_terms(name, prediction, target) if settings.get("reduction") == "sum" else None
+        use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms, **settings)
         if use is not None:
             self.losses.append(use)
 
@@ -101,16 +105,28 @@ class LossSpy(TorchFunctionMode):
         return FirstStep(step, tuple(self.losses))
 
 
+def _summed_terms(name: str, prediction: torch.Tensor, target) -> int | None:
+    """The terms a torch loss with reduction="sum" adds up: one per element of its target, or, for a categorical
+    loss handed class probabilities (a target shaped as its input), one per row of them."""
+    if not isinstance(target, torch.Tensor):
+        return None
+    if name in CLASS_DIM and target.shape == prediction.shape and target.dim() >= 2:
+        return target.numel() // max(int(target.shape[CLASS_DIM[name]]), 1)
+    return target.numel()
+
+
 def _softmax_over_one(out: torch.Tensor, args, kwargs) -> bool:
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     return isinstance(dim, int) and out.dim() > 0 and out.shape[dim] == 1
 
 
-def look_once(owner, method: str, step: int, seen) -> None:
+def look_once(owner, method: str, step: int, seen, optimizers=()) -> None:
     """Run the next call of `owner.<method>` (a LightningModule's training_step, a Transformers model's forward)
     under a LossSpy, once, and hand what it saw to `seen(FirstStep)`; the method is put back as it was before
     that call runs, so every later call is the user's own. The wrapper keeps the method's signature (the Trainer
-    reads forward's to pick the columns it feeds)."""
+    reads forward's to pick the columns it feeds). Where `optimizers` are given, the FirstStep says how many
+    objectives the call trained in turn (tripwire.plugins.torch.objectives: a manual-optimisation GAN's steps
+    run inside its training_step)."""
     spy, own = LossSpy(), owner.__dict__.get(method)
     original = getattr(owner, method)
 
@@ -120,9 +136,17 @@ def look_once(owner, method: str, step: int, seen) -> None:
             delattr(owner, method)
         else:
             setattr(owner, method, own)
-        with spy:
-            out = original(*args, **kwargs)
-        seen(spy.finish(step))
+        objectives = Objectives(optimizers)
+        hooks = [hook for o in optimizers for hook in (o.register_step_pre_hook(objectives.before),
+                                                       o.register_step_post_hook(objectives.after))]
+        try:
+            with spy:
+                out = original(*args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        facts = spy.finish(step)
+        seen(replace(facts, objectives=objectives.count) if optimizers else facts)
         return out
 
     setattr(owner, method, looked_at)

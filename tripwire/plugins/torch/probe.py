@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import io
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -57,6 +58,7 @@ from .firststep import LossSpy
 from .gradnorm import SERIES as GRADIENT_NORM
 from .gradnorm import GradientNorms
 from .losswatch import KEPT_LOSSES, LossWatch
+from .objectives import Objectives
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
 from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed, train_mode_modules
@@ -98,6 +100,8 @@ class TripwireProbe:
         self._losses = LossWatch(keep="losses" in self._recorder.plan.collections)
         self._norms = GradientNorms() if GRADIENT_NORM in self._recorder.streamed else None  # where a rule reads it
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
+        self._objectives: Objectives | None = None  # counts the objectives that step trains in turn
+        self._first = None  # what the look saw (a FirstStep), recorded with the objectives when the step ends
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
         self._skipped = 0  # training steps in a row in which no optimizer stepped (accumulation, a GradScaler's skip)
@@ -139,6 +143,7 @@ class TripwireProbe:
         if self._recorder.clock:
             self._recorder.alive()
         self._end_look()
+        self._record_first_step()
         step = self.global_step
         self.global_step += 1
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
@@ -214,6 +219,7 @@ class TripwireProbe:
             handle.remove()
         self._hooks = []
         self._end_look()
+        self._record_first_step()
         self._capture.close()
         self._losses.close(self._recorder)
         if self._norms is not None:
@@ -244,6 +250,8 @@ class TripwireProbe:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._stepping, self._in_step = True, optimizer
         self._end_look()
+        if self._objectives is not None:
+            self._objectives.before(optimizer)
         self._capture.stepped(optimizer)
         closure = step_closure(args, kwargs) is not None
         if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
@@ -286,6 +294,8 @@ class TripwireProbe:
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_step = None
+        if self._objectives is not None:
+            self._objectives.after(optimizer)
         broke_at = self._updates.after(optimizer, self.global_step) \
             if self._updates is not None and not self._sampled else None
         if broke_at is not None:
@@ -302,12 +312,19 @@ class TripwireProbe:
         if self._sampled and self._after_optimizer:
             self._capture.watch_gradients(self.optimizers)
         if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss
-            self._spy = LossSpy()
+            self._spy, self._objectives = LossSpy(), Objectives(self.optimizers)
             self._spy.__enter__()
 
     def _end_look(self) -> None:
+        """Stop looking at the loss (at the step's first optimizer step, or its end)."""
         if self._spy is not None and not self._spy.done:
-            self._recorder.first_step(self._spy.finish(self.global_step))
+            self._first = self._spy.finish(self.global_step)
+
+    def _record_first_step(self) -> None:
+        """At the end of the first sampled step: what the look saw, and how many objectives the step trained."""
+        if self._first is not None:
+            self._recorder.first_step(replace(self._first, objectives=self._objectives.count))
+            self._first, self._objectives = None, None
 
     def _eval_mode(self, step: int, decision):
         """An optimizer stepped with the model in eval mode, at an unsampled step: said once, at that step."""

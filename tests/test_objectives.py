@@ -1,0 +1,122 @@
+"""What the first step says about the loss's scale and about how many objectives the step trains: a loss that sums
+its terms (a VAE's pixels) has gradients that many times larger; a GAN trains two objectives against each other,
+and neither loss need go down. Real loops, the probe and Lightning."""
+
+import lightning.pytorch as L
+import pytest
+import torch
+from torch import nn
+
+import helpers
+import tripwire
+from benchmarks.zoo import torch_cases
+from benchmarks.zoo.case import Attach
+from tripwire.plugins.lightning import TripwireCallback
+from tripwire.plugins.torch import TripwireProbe
+
+F = nn.functional
+ALL_LOSS_RULES = {"rules": ["loss_not_decreasing", "loss_spike", "exploding_gradient"], "sampling": {"every": 10}}
+
+
+def first_step(url):
+    return tripwire.open_run(url).first_step
+
+
+def test_a_gan_loop_trains_two_objectives_and_neither_loss_is_judged_for_its_course(tmp_path):
+    """The zoo's DCGAN (pytorch/examples' loop): without the count, loss_not_decreasing called its discriminator's
+    loss an error at step 370 of this run; the count is 2, and the GAN still learns."""
+    attach = Attach(ALL_LOSS_RULES, str(tmp_path))
+    outcome = torch_cases.dcgan(attach, long=False)
+    assert outcome.learned, outcome.score
+    probe = attach.callback
+    assert first_step(probe.run_url).objectives == 2
+    assert [v for v in probe.verdicts if v.fired] == []
+
+
+def embeddings_and_dense(tmp_path, scaler=None):
+    """A bag of token embeddings under SparseAdam and a classifier under Adam: two optimizers, one loss, one
+    backward pass (under a GradScaler where given, which unscales each optimizer's gradients just before its
+    step)."""
+    torch.manual_seed(0)
+    embedding = nn.EmbeddingBag(50, 16, sparse=True)
+    model = nn.ModuleDict({"embedding": embedding, "head": nn.Linear(16, 3)})
+    sparse, dense = torch.optim.SparseAdam(embedding.parameters(), lr=1e-2), torch.optim.Adam(
+        model["head"].parameters(), lr=1e-2)
+    tokens, labels = torch.randint(0, 50, (20, 32, 6)), torch.randint(0, 3, (20, 32))
+    with TripwireProbe(model, [sparse, dense], {"rules": ["loss_not_decreasing"]}, out_dir=tmp_path / "run") as probe:
+        for x, y in zip(tokens, labels):
+            sparse.zero_grad()
+            dense.zero_grad()
+            loss = F.cross_entropy(model["head"](model["embedding"](x)), y)
+            if scaler is None:
+                loss.backward()
+                sparse.step()
+                dense.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(sparse)
+                scaler.step(dense)
+                scaler.update()
+            probe.step(loss)
+    return probe
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "grad_scaler"])
+def test_two_optimizers_over_one_loss_train_one_objective(tmp_path, scaled):
+    probe = embeddings_and_dense(tmp_path, torch.amp.GradScaler("cpu") if scaled else None)
+    assert first_step(probe.run_url).objectives == 1
+
+
+class ManualGAN(torch_cases.GAN):
+    """The zoo's Lightning GAN (manual optimisation, a discriminator step then a generator step), returning its
+    discriminator's loss as the step's loss."""
+
+    def training_step(self, batch, batch_idx):
+        super().training_step(batch, batch_idx)
+        return self.trainer.callback_metrics["d_loss"]
+
+
+def test_lightning_counts_the_objectives_of_a_manual_optimisation_step(tmp_path):
+    callback = TripwireCallback(ALL_LOSS_RULES, out_dir=tmp_path / "gan")
+    trainer = L.Trainer(max_epochs=1, callbacks=[callback], **torch_cases.TRAINER)
+    trainer.fit(ManualGAN(), torch_cases.loader(torch_cases.gaussian_mixture(), batch_size=64))
+    assert first_step(callback.run_url).objectives == 2
+    automatic = TripwireCallback(ALL_LOSS_RULES, out_dir=tmp_path / "classifier")
+    helpers.fit(automatic, helpers.mlp_module(), max_epochs=1)
+    assert first_step(automatic.run_url).objectives == 1
+
+
+@pytest.mark.parametrize("loss_of,terms", [
+    (lambda out, y: F.binary_cross_entropy(torch.sigmoid(out), F.one_hot(y, 10).float(), reduction="sum"), 320),
+    (lambda out, y: nn.CrossEntropyLoss(reduction="sum")(out, y), 32),
+    (lambda out, y: F.cross_entropy(out, F.one_hot(y, 10).float(), reduction="sum"), 32),
+    (lambda out, y: F.cross_entropy(out, y), None),
+], ids=["bce_over_elements", "cross_entropy_over_ids", "cross_entropy_over_probabilities", "mean"])
+def test_the_first_step_counts_the_terms_a_summed_loss_adds_up(tmp_path, loss_of, terms):
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits()
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with TripwireProbe(model, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        xb, yb = torch.tensor(x[:32]), torch.tensor(y[:32], dtype=torch.long)
+        optimizer.zero_grad()
+        loss = loss_of(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+        probe.step(loss)
+    (use,) = first_step(probe.run_url).losses
+    assert use.terms == terms
+
+
+def test_a_vae_whose_loss_sums_its_pixels_has_no_exploding_gradient(tmp_path):
+    """pytorch/examples' VAE: its summed loss starts near 5,700 with gradient norms up to 1,650, above max_norm
+    1000, which exploding_gradient called exploding at step 0; judged against the 8,192 terms the loss sums, it
+    is silent."""
+    attach = Attach(ALL_LOSS_RULES, str(tmp_path))
+    outcome = torch_cases.vae(attach, long=False)
+    assert outcome.learned, outcome.score
+    probe = attach.callback
+    assert first_step(probe.run_url).losses[0].terms == 128 * 64
+    assert [v.rule for v in probe.verdicts if v.fired and v.severity != "info"] == []
+    gradients = tripwire.open_run(probe.run_url).tensor("gradients/fc4.weight").series("l2")[1]
+    assert gradients[0] > 1000  # what a mean-reduced loss's max_norm would have called exploding

@@ -1,0 +1,57 @@
+"""How many objectives a torch training step trains in turn (tripwire.core.firststep.FirstStep.objectives).
+
+A GAN's step runs the discriminator's backward pass and its optimizer's step, then the generator's backward pass
+and its optimizer's step: two objectives, each trained against the other, and neither loss need go down. A model
+with two optimizers over one loss (sparse embeddings under SparseAdam, the rest under Adam) runs one backward
+pass and steps both: one objective. The difference shows in the gradients between two optimizer steps of one
+training step: where a backward pass ran after an optimizer stepped, some gradient is new since that step, or
+was added to since. Looked at during the first sampled step only (the loop does the same every step).
+"""
+
+from __future__ import annotations
+
+
+class Objectives:
+    """Fed each optimizer's step of one training step (`before` from its pre-step hook, `after` from its post-step
+    hook); `count` is 1 plus the backward passes seen between two optimizer steps.
+
+    A parameter's gradient counts as the work of a backward pass since the last optimizer stepped where it is a
+    tensor it did not hold then (zero_grad sets gradients to None, and a backward makes new ones), or, for a
+    parameter whose optimizer has already stepped and that the optimizer about to step does not hold, the same
+    tensor written since (a backward adds to a gradient in place). The gradients of the optimizer about to step
+    are changed in place before its step by a GradScaler's unscale or a clip: that is no backward pass."""
+
+    def __init__(self, optimizers):
+        self.optimizers = list(optimizers)
+        self.count = 1
+        self._left: dict | None = None  # id(parameter) -> (id(grad), version), as the last optimizer's step left them
+        self._stepped: set = set()  # ids of the parameters held by the optimizers that stepped so far
+
+    def before(self, optimizer, *_) -> None:
+        if self._left is None:
+            return
+        about_to_step = {id(p) for p in _parameters(optimizer)}
+        for parameter in self._all_parameters():
+            key, grad = id(parameter), parameter.grad
+            if grad is None:
+                continue
+            was = self._left.get(key)
+            made = was is None or was[0] != id(grad)
+            added_to = not made and grad._version != was[1] and key in self._stepped and key not in about_to_step
+            if made or added_to:
+                self.count += 1
+                self._left = None  # counted: the next optimizer's step compares with the state after this one's
+                return
+
+    def after(self, optimizer, *_) -> None:
+        self._stepped.update(id(p) for p in _parameters(optimizer))
+        self._left = {id(p): None if p.grad is None else (id(p.grad), p.grad._version)
+                      for p in self._all_parameters()}
+
+    def _all_parameters(self):
+        for optimizer in self.optimizers:
+            yield from _parameters(optimizer)
+
+
+def _parameters(optimizer):
+    return (p for group in optimizer.param_groups for p in group["params"])
