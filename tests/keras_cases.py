@@ -544,3 +544,25 @@ def test_a_loss_that_stays_at_what_predicting_the_mean_scores_is_named_stuck(tmp
     verdict = fired(cb.run_url)["loss_not_decreasing"]
     assert verdict.finding == "stuck" and "about what predicting the targets' mean scores" in verdict.message
 
+
+
+def test_a_loss_that_sums_its_samples_says_how_many_at_the_first_step(tmp_path):
+    """An autoencoder of the digits' pixels under BinaryCrossentropy(reduction="sum"): the loss adds up one term per
+    sample of the batch (each the mean over the pixels, as Keras computes a sample's loss), and its gradients
+    are that many times the mean's; exploding_gradient judges them against that scale, and the run learns."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(64, activation="sigmoid")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.BinaryCrossentropy(reduction="sum"))
+    (xt, _), _ = helpers.digits(n_train=1024, pixels=True)
+    pixels = xt / 255.0
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    history = model.fit(pixels, pixels, batch_size=128, epochs=30, verbose=0, callbacks=[cb])
+    mean_image = np.clip(pixels.mean(0), 1e-4, 1 - 1e-4)
+    baseline = -np.mean(pixels * np.log(mean_image) + (1 - pixels) * np.log(1 - mean_image))  # per pixel
+    assert history.history["loss"][-1] / 128 < 0.9 * baseline, (history.history["loss"][-1] / 128, baseline)
+    run = tripwire.open_run(cb.run_url)
+    (use,) = run.first_step.losses
+    assert (use.loss, use.settings["reduction"], use.terms) == ("binary_cross_entropy", "sum", 128)
+    assert [v.rule for v in run.verdicts() if v.counts] == []
