@@ -82,6 +82,9 @@ def test_healthy_training_has_no_gradient_spike_and_no_norm_is_computed_unless_a
     probe, losses = probe_fit(tmp_path / "run", config=BOTH)
     assert np.mean(losses[-40:]) < 0.3 * np.mean(losses[:10])  # it learns
     assert spikes(probe.verdicts) == spikes(probe.verdicts, "gradient_spike") == []
+    # the norms are the metric the rule reads, handed over every step: the loop passing no metric of its own, the
+    # rule had its data, and the end of the run does not say it never had
+    assert [v.message for v in probe.verdicts if v.status == "no_data"] == []
     probe, _ = probe_fit(tmp_path / "without", corrupt=range(250, 262))  # loss_spike alone
     assert "metrics/grad_norm" not in tripwire.open_run(probe.run_url).tensor_names()
 

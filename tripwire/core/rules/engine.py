@@ -154,11 +154,12 @@ class RuleEngine:
     def has_idle_rules(self) -> bool:
         return any(slot.rule.idle for slot in self.slots)
 
-    def finish(self, view, step: int, worker: int = 0) -> list[Verdict]:
+    def finish(self, view, step: int, worker: int = 0, handed=()) -> list[Verdict]:
         """`no_data` verdicts for rules that never fired and never had the data they require, or found it was not
-        the kind of data they judge (`NotApplicable`)."""
+        the kind of data they judge (`NotApplicable`). handed: collections of series the plugin handed over at
+        every step, outside the samples the view holds (the gradient norms a spike rule reads)."""
         out = []
-        collections = {collection_of(n) for n in view.tensor_names()}
+        collections = {collection_of(n) for n in view.tensor_names()} | set(handed)
         for slot in self.slots:
             if slot.failed or any(slot.findings.values()) or slot.rule.idle:  # the clock is never missing
                 continue
