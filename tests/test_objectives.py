@@ -31,6 +31,9 @@ def test_a_gan_loop_trains_two_objectives_and_neither_loss_is_judged_for_its_cou
     probe = attach.callback
     assert first_step(probe.run_url).objectives == 2
     assert [v for v in probe.verdicts if v.fired] == []
+    not_applicable = {v.rule: v.message for v in probe.verdicts if v.status == "no_data"}
+    assert set(not_applicable) == {"loss_not_decreasing", "loss_spike"}
+    assert all("2 objectives" in message for message in not_applicable.values())
 
 
 def embeddings_and_dense(tmp_path, scaler=None):

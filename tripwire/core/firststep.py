@@ -101,7 +101,7 @@ class FirstStep:
     objectives: how many objectives the step trains in turn, each with a backward pass of its own followed by
     its optimizers' steps (a GAN's discriminator step, then its generator step: 2); None where the plugin cannot
     tell. With more than one, the loss handed to tripwire is one objective among others trained against or beside
-    it, and whether it goes down says nothing about the training (`one_objective`)."""
+    it, and whether it goes down says nothing about the training (`several_objectives`)."""
 
     step: int
     losses: tuple = ()
@@ -128,10 +128,14 @@ class FirstStep:
             return None
 
 
-def one_objective(first: FirstStep | None) -> bool:
-    """Whether the training loss is the one objective the step trains (or the plugin cannot tell otherwise): the
-    rules that judge its course (loss_not_decreasing, loss_spike) judge it only then."""
-    return first is None or first.objectives is None or first.objectives <= 1
+def several_objectives(first: FirstStep | None) -> str | None:
+    """Why the training loss is not the one objective the step trains, where the first step says so (a GAN's); None
+    otherwise. The rules that judge its course (loss_not_decreasing, loss_spike) do not apply then."""
+    if first is None or first.objectives is None or first.objectives <= 1:
+        return None
+    return (f"the step trains {first.objectives} objectives in turn, each with a backward pass and optimizer steps "
+            "of its own (a GAN's discriminator and generator): the loss handed over is one of them, trained "
+            "against the others, and need not go down")
 
 
 def summed_terms(first: FirstStep | None) -> int | None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..firststep import one_objective
+from ..firststep import several_objectives
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import FIRST_LABELS, HEALTHY_STEP, Requirement, Rule, checked_mode, of_roles, values_at
+from .base import FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, of_roles, values_at
 
 
 @dataclass
@@ -83,9 +83,13 @@ class LossNotDecreasing(Rule):
     def check(self, run, step):
         self._drift.setdefault(run.default_worker, _Drift()).see(run, step)
         found = []
-        for name in run.tensor_names(regex=self.tensor_regex, mode=self.mode):
-            if name.startswith("losses/") and not one_objective(run.first_step):
-                continue  # one of a GAN's losses: trained against another, it need not go down
+        names = run.tensor_names(regex=self.tensor_regex, mode=self.mode)
+        several = several_objectives(run.first_step)
+        if several and names:  # a GAN's losses: each trained against another, none need go down
+            names = [n for n in names if not n.startswith("losses/")]
+            if not names:
+                raise NotApplicable(several)
+        for name in names:
             steps, values = run.tensor(name).series(mode=self.mode)
             if not len(steps) or steps[-1] != step:
                 continue

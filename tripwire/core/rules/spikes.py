@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..firststep import one_objective
+from ..firststep import several_objectives
 from ..ranges import COUNT
-from .base import Requirement, Rule, values_at
+from .base import NotApplicable, Requirement, Rule, values_at
 
 MIN_SEEN = 20  # finite values seen before the first is judged (loss_spike)
 
@@ -60,8 +60,9 @@ class LossSpike(Rule):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled)
 
     def check(self, run, step):
-        if not one_objective(run.first_step):
-            return None  # a GAN's loss, or its gradients' norm: each objective is trained against another
+        several = several_objectives(run.first_step)
+        if several:
+            raise NotApplicable(several)
         mine = f"^spikes/{re.escape(self.id or self.name)}$"  # what the recorder found for this rule, as this rule
         began = values_at(run, step, "began", ["spikes"], mine)
         if not began:
