@@ -148,6 +148,11 @@ def test_a_loss_that_drifts_up_or_settles_at_zero_is_no_spike():
     assert stream_fires(np.r_[0.5 + noise[:40], 0.1 + noise[:200] / 10, np.full(12, 0.5)]) == [249]  # not yet fit
     assert stream_fires(np.r_[1.0 + noise[:200], 1.5 + noise[:20]]) == [209]  # a jump that stays
     assert stream_fires(np.r_[1.0 + noise[:200], [1.5] * 7, 1.0 + noise[:20]]) == []  # shorter than patience
+    # a classifier near a perfect fit (2.3 to 0.002) that loses a few samples for a while: 0.12 gives back 5 % of
+    # the ground it gained, nothing to roll back for (without `progress` a spike at 249); 1.0 gives back 43 %
+    near_fit = 0.002 + np.abs(noise[:200]) / 100
+    assert stream_fires(np.r_[2.3 + noise[:40], near_fit, np.full(15, 0.12)]) == []
+    assert stream_fires(np.r_[2.3 + noise[:40], near_fit, np.full(15, 1.0)]) == [249]
 
 
 def test_a_rule_whose_look_at_every_loss_fails_is_dropped_and_training_goes_on(tmp_path, caplog):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..firststep import several_objectives
-from ..ranges import COUNT
+from ..ranges import COUNT, SHARE
 from .base import NotApplicable, Requirement, Rule, values_at
 
 MIN_SEEN = 20  # finite values seen before the first is judged (loss_spike)
@@ -27,17 +27,22 @@ class LossSpike(Rule):
     # steps in a row above both: a loss that comes back on its own needs no rollback. The aftermath of an epoch's
     # last batch of 3 samples under BatchNorm (a ResNet near a perfect fit, the long zoo) stays up to 7 steps
     patience: int = 10
+    # and above it by this share of the ground the loss gained since its first steps (their median less the recent
+    # one): a model near a perfect fit loses a few samples for a few tens of steps after a bad batch (a ResNet under
+    # BatchNorm after an epoch's last batch of 3, the long zoo: 0.002 to 0.14 from 2.3), nothing to roll back for
+    progress: float = 0.1
 
     name = "loss_spike"
     modes = ("train",)
     severity = "warning"
-    limits = {"window": COUNT, "patience": COUNT}
+    limits = {"window": COUNT, "patience": COUNT, "progress": SHARE}
     condition = ("the training loss of every step the plugin hands over (Lightning: every step, read at the next "
                  "sample; the probe and the Trainer: every step; Keras: every step's own loss, told from the change "
                  "of the epoch's running mean it logs), against the `window` finite losses before it (at least 20): "
                  "above their median by `threshold` robust standard deviations and by `ratio` of the median, and "
-                 "above their 99th percentile (one sample a step, hard samples come in runs), `patience` steps in "
-                 "a row; not once that median is below a thousandth of the first losses' (a "
+                 "above their 99th percentile (one sample a step, hard samples come in runs), and, where the loss "
+                 "has gone down, giving back `progress` of the ground it gained (the median of its first 20 "
+                 "losses less the recent median), `patience` steps in a row; not once that median is below a thousandth of the first losses' (a "
                  "model that fits its data exactly, where one sample's loss is noise around 0). "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
                  "`patience` is reached, naming the step it began. Not on a training loss that is one of several "
@@ -57,7 +62,7 @@ class LossSpike(Rule):
         return [Requirement("losses")]
 
     def stream(self):
-        return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled)
+        return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled, self.progress)
 
     def check(self, run, step):
         several = several_objectives(run.first_step)
@@ -80,6 +85,8 @@ class GradientSpike(LossSpike):
     """The total gradient norm jumps far above its own recent level and stays there: in a large model's run it
     often shows before the loss does. Not in the default config: the norm of every step's gradients is one more
     pass over them (a few percent of a small model's step)."""
+
+    progress: float = 0.0  # a gradient norm has no ground to gain: it climbs as a model leaves its initialisation
 
     name = "gradient_spike"
     streamed = "metrics/grad_norm"
@@ -114,9 +121,13 @@ class SpikeWatch:
     REFRESH = 10
     FITTED = 1e-3  # a recent level below this share of the first one: the data fit exactly, not judged
 
-    def __init__(self, window: int, threshold: float, ratio: float, patience: int, min_seen: int | None = MIN_SEEN):
-        """min_seen: finite values seen before the first is judged (None: a whole window)."""
+    def __init__(self, window: int, threshold: float, ratio: float, patience: int, min_seen: int | None = MIN_SEEN,
+                 progress: float = 0.0):
+        """min_seen: finite values seen before the first is judged (None: a whole window). progress: the share of
+        the ground the series lost since its first level (that level less the recent one) a value must be above
+        the recent level by."""
         self.window, self.threshold, self.ratio, self.patience = int(window), threshold, ratio, int(patience)
+        self.progress = progress
         self.min_seen = self.window if min_seen is None else min(int(min_seen), self.window)
         self._recent: list = []  # the last `window` losses outside spikes
         self._limit: float | None = None  # above it a loss is high
@@ -154,5 +165,6 @@ class SpikeWatch:
         # above both margins; and above a floor, for a loss that has settled at exactly 0 (a problem fit perfectly);
         # and above all but the highest of the recent losses: one sample a step (batch size 1), a run of hard
         # samples is as high as the hard samples before it, where a spike rises above everything recent
-        self._limit = max(level + max(self.threshold * spread, (self.ratio - 1) * abs(level), 1e-6),
-                          float(np.percentile(recent, 99)))
+        gained = max(self._first_level - level, 0.0)
+        margin = max(self.threshold * spread, (self.ratio - 1) * abs(level), self.progress * gained, 1e-6)
+        self._limit = max(level + margin, float(np.percentile(recent, 99)))
