@@ -117,3 +117,22 @@ def test_a_first_batch_of_one_class_says_the_data_is_not_shuffled(tmp_path, shuf
             probe.step(loss)
     fired = [v.finding for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
     assert fired == ([] if shuffled else ["one_class_batch"])
+
+
+def test_a_warning_a_loss_raises_under_the_first_step_look_is_the_user_s_line(tmp_path):
+    """F.mse_loss warns of a target shaped apart from its input, naming its caller's line: under the look the caller
+    was tripwire's own code, and the user was sent to it."""
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(32, 4), torch.randn(32)
+    with pytest.warns(UserWarning, match="target size") as raised:
+        with TripwireProbe(net, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+            for _ in range(3):
+                optimizer.zero_grad()
+                loss = F.mse_loss(net(x), y)  # the line the warning names
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+    sizes = [w for w in raised if "target size" in str(w.message)]
+    assert sizes and {w.filename for w in sizes} == {__file__}, [(w.filename, w.lineno) for w in sizes]

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
+import warnings
 import weakref
 from dataclasses import replace
 
@@ -32,6 +35,8 @@ PRODUCERS = {"softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "sig
 PASS_ON = {"__getitem__", "squeeze", "unsqueeze", "view", "reshape", "flatten", "contiguous", "float", "double",
            "half", "bfloat16", "to", "type_as", "permute", "transpose", "t", "clone", "view_as", "reshape_as",
            "select", "narrow", "expand", "expand_as", "unflatten", "movedim"}
+# Where the code of torch and of tripwire lies: a warning raised under the look is the caller's below both.
+_OWN_CODE = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tripwire"]))
 # Class dimension of a loss's input: 1 for the categorical losses (N, C, …), the last for the others.
 CLASS_DIM = {"cross_entropy": 1, "nll_loss": 1}
 
@@ -45,9 +50,13 @@ class LossSpy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if self.done:
-            return out
+            return func(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always")
+            out = func(*args, **kwargs)
+        for warning in raised:  # from the user's line, as without the look: not from this one, and not twice
+            _warn_from_caller(warning)
         try:
             self._note(getattr(func, "__name__", ""), args, kwargs, out)
         except Exception as exc:  # noqa: BLE001 - a look at the step must never change it
@@ -113,6 +122,23 @@ def _summed_terms(name: str, prediction: torch.Tensor, target) -> int | None:
     if name in CLASS_DIM and target.shape == prediction.shape and target.dim() >= 2:
         return target.numel() // max(int(target.shape[CLASS_DIM[name]]), 1)
     return target.numel()
+
+
+def _warn_from_caller(warning) -> None:
+    """Issue a warning a torch function raised under the look again, from the first frame of the caller's code
+    (outside torch and tripwire), with that module's registry: the filters and the once-per-line rule apply as
+    they would have, and the same warning at the next step, not looked at, is the same line's."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_CODE):
+        frame = frame.f_back
+    if frame is None:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(warning.message, warning.category, frame.f_code.co_filename, frame.f_lineno,
+                           module=module_globals.get("__name__"),
+                           registry=module_globals.setdefault("__warningregistry__", {}),
+                           module_globals=module_globals)
 
 
 def _softmax_over_one(out: torch.Tensor, args, kwargs) -> bool:
