@@ -3,6 +3,7 @@ its terms (a VAE's pixels) has gradients that many times larger; a GAN trains tw
 and neither loss need go down. Real loops, the probe and Lightning."""
 
 import lightning.pytorch as L
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,8 +12,10 @@ import helpers
 import tripwire
 from benchmarks.zoo import torch_cases
 from benchmarks.zoo.case import Attach
+from tripwire.core.rules.base import FORWARDS
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
+from tripwire.plugins.torch.objectives import ForwardCounts
 
 F = nn.functional
 ALL_LOSS_RULES = {"rules": ["loss_not_decreasing", "loss_spike", "exploding_gradient"], "sampling": {"every": 10}}
@@ -68,6 +71,7 @@ def embeddings_and_dense(tmp_path, scaler=None):
 def test_two_optimizers_over_one_loss_train_one_objective(tmp_path, scaled):
     probe = embeddings_and_dense(tmp_path, torch.amp.GradScaler("cpu") if scaled else None)
     assert first_step(probe.run_url).objectives == 1
+    assert FORWARDS not in tripwire.open_run(probe.run_url).tensor_names()  # one forward pass a step
 
 
 class ManualGAN(torch_cases.GAN):
@@ -123,3 +127,75 @@ def test_a_vae_whose_loss_sums_its_pixels_has_no_exploding_gradient(tmp_path):
     assert [v.rule for v in probe.verdicts if v.fired and v.severity != "info"] == []
     gradients = tripwire.open_run(probe.run_url).tensor("gradients/fc4.weight").series("l2")[1]
     assert gradients[0] > 1000  # what a mean-reduced loss's max_norm would have called exploding
+
+
+class ActorCritic(nn.Module):
+    """pytorch/examples' actor-critic policy: one hidden layer, an action head and a value head."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.action, self.value = nn.Linear(4, 32), nn.Linear(32, 2), nn.Linear(32, 1)
+
+    def forward(self, state):
+        h = F.relu(self.hidden(state))
+        return F.softmax(self.action(h), dim=-1), self.value(h)
+
+
+def actor_critic(tmp_path, config):
+    """pytorch/examples' actor-critic loop (one forward per action; the episode's loss the sum of -log pi times the
+    advantage plus the sum of smooth_l1(value, normalised discounted return)) on a game that goes on while the
+    agent picks the sign of the state's first feature, 100 actions at most: a random agent's episodes last 2
+    actions, a trained one's tens, and its loss grows with them. Returns the probe and the episodes' lengths."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = ActorCritic()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    lengths = []
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for _ in range(300):
+            saved = []
+            for _ in range(100):
+                state = torch.tensor(rng.normal(size=4), dtype=torch.float32)
+                probabilities, value = model(state)
+                choice = torch.distributions.Categorical(probabilities)
+                action = choice.sample()
+                saved.append((choice.log_prob(action), value))
+                if int(action) != int(state[0] > 0):
+                    break
+            returns = torch.tensor([sum(0.99 ** k for k in range(len(saved) - t)) for t in range(len(saved))])
+            returns = (returns - returns.mean()) / (returns.std(unbiased=False) + 1e-8)
+            policy_losses = [-log_prob * (r - value.item()) for (log_prob, value), r in zip(saved, returns)]
+            value_losses = [F.smooth_l1_loss(value, r.view(1)) for (_, value), r in zip(saved, returns)]
+            loss = torch.stack(policy_losses).sum() + torch.stack(value_losses).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+            lengths.append(len(saved))
+    return probe, lengths
+
+
+def test_a_policy_gradient_loss_over_episodes_of_changing_length_is_not_judged_for_its_course(tmp_path):
+    """The loss grows tenfold as the agent learns to play longer; pytorch/examples' actor_critic on CartPole (a port)
+    got four loss_spike warnings under the default config, as its episodes went from 10 actions to 200."""
+    probe, lengths = actor_critic(tmp_path, ALL_LOSS_RULES)
+    assert np.mean(lengths[-30:]) > 5 * np.mean(lengths[:30]), (np.mean(lengths[:30]), np.mean(lengths[-30:]))
+    assert [v.rule for v in probe.verdicts if v.fired] == []
+    not_applicable = {v.rule: v.message for v in probe.verdicts if v.status == "no_data"}
+    assert set(not_applicable) == {"loss_not_decreasing", "loss_spike"}
+    assert all("forward passes" in message for message in not_applicable.values())
+
+
+@pytest.mark.parametrize("counts,told", [
+    ([4] * 19 + [2], False),  # gradient accumulation over 4 batches, an epoch's short last group
+    ([3] * 20, False),  # a GAN's three forwards
+    ([2, 9, 14, 3, 30] * 4, True),  # episodes
+], ids=["accumulation", "gan", "episodes"])
+def test_forward_passes_that_take_several_numbers_over_the_first_steps_are_told_once(counts, told):
+    watch = ForwardCounts()
+    facts = []
+    for count in counts:
+        watch.this_step = count
+        facts.append(watch.end_step())
+    assert watch.done and facts[:-1] == [None] * (len(counts) - 1)
+    assert (facts[-1] == {"value": 5.0, "min": 2.0, "max": 30.0}) if told else facts[-1] is None

@@ -361,9 +361,14 @@ class Recorder:
         """A relation (tripwire.core.rules.relations) a plugin saw broken at a step that is not sampled, where it
         can tell at no cost: recorded at once, as a sample of its own, so that it is judged at the step it broke.
         The plugin tells each relation once; None where the config captures no relations."""
-        if "relations" not in self.plan.collections:
+        return self.fact(step, f"relations/{relation}", {"value": float(broken)})
+
+    def fact(self, step: int, name: str, reductions: dict) -> Decision | None:
+        """A fact a plugin learned at a step that is not sampled ({reduction: float}), recorded at once as a sample
+        of its own; None where the config does not capture its collection."""
+        if collection_of(name) not in self.plan.collections:
             return None
-        return self.record(step, "train", {f"relations/{relation}": {"value": float(broken)}})
+        return self.record(step, "train", {name: reductions})
 
     def _first_nonfinite(self, loss) -> float | None:
         """The loss as a number, where it is the run's first NaN/Inf loss (and the config captures losses); None

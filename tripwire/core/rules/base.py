@@ -15,6 +15,7 @@ import inspect
 import re
 from typing import ClassVar
 
+from ..firststep import several_objectives
 from ..ranges import ANY, AT_LEAST_0, Range
 from ..reductions import MIN_BATCH
 from ..model import role_of
@@ -236,6 +237,31 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
     loss = float(values[-1])
     initial = first.setdefault(run.default_worker, loss)
     return abs(loss) < share * abs(initial)
+
+
+# The training forward passes per step, as the torch probe counted them over the first steps, recorded once where
+# they took several numbers ({"value": how many different numbers, "min": …, "max": …}).
+FORWARDS = "relations/forwards_per_step"
+FORWARDS_COUNTED = Requirement("relations", optional=True)  # what a rule on the loss's course asks for, to read it
+
+
+def loss_not_a_fit(run) -> str | None:
+    """Why the training loss says nothing of how well the model fits, where the run shows it; None otherwise. The
+    rules that judge its course (loss_not_decreasing, loss_spike, gradient_spike) raise NotApplicable with it.
+
+    A GAN's step trains objectives against each other (the first step's objectives); a reinforcement-learning
+    episode adds up one loss term per action, so its loss grows with the episode's length as the agent learns
+    (the forward passes per step took several numbers)."""
+    several = several_objectives(run.first_step)
+    if several:
+        return several
+    if FORWARDS not in run.tensor_names("relations"):
+        return None
+    tensor = run.tensor(FORWARDS)
+    low, high = (float(tensor.series(reduction)[1][-1]) for reduction in ("min", "max"))
+    return (f"the loss adds up over a number of forward passes that changes from step to step ({low:.0f} to "
+            f"{high:.0f} in the first steps: an episode of reinforcement learning, a sequence unrolled one forward "
+            "at a time): its size follows that number, not how well the model fits")
 
 
 FIRST_LABELS = Requirement("labels", save_tensors=True, steps=(0,), optional=True)  # the first batch's targets

@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..firststep import several_objectives
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, of_roles, values_at
+from .base import (FIRST_LABELS, FORWARDS_COUNTED, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
+                   loss_not_a_fit, of_roles, values_at)
 
 
 @dataclass
@@ -46,7 +46,8 @@ class LossNotDecreasing(Rule):
                  "has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
                  "training loss that is one of several objectives the step trains in turn, each with a backward "
                  "pass and optimizer steps of its own (a GAN's discriminator and generator: neither need go "
-                 "down; torch, seen at the first step). Finding `stuck` "
+                 "down; torch, seen at the first step), nor on one that adds up over a number of forward passes "
+                 "that changes from step to step (a reinforcement-learning episode's; the probe). Finding `stuck` "
                  "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
                  "of what predicting the targets' mean scores under mean squared error (the first batch's "
                  "variance), or the steps move the weights as a healthy step does (1e-3 of their norm, median) or "
@@ -78,17 +79,17 @@ class LossNotDecreasing(Rule):
     def requires(self):
         # the first batch's labels: what predicting their mean scores, where the loss stays there
         return [Requirement(self.collection), Requirement("optimizer", optional=True),
-                FIRST_LABELS]
+                FIRST_LABELS, FORWARDS_COUNTED]
 
     def check(self, run, step):
         self._drift.setdefault(run.default_worker, _Drift()).see(run, step)
         found = []
         names = run.tensor_names(regex=self.tensor_regex, mode=self.mode)
-        several = several_objectives(run.first_step)
-        if several and names:  # a GAN's losses: each trained against another, none need go down
+        why = loss_not_a_fit(run) if names else None
+        if why:  # a GAN's losses, an RL episode's: the training loss is no measure of the fit
             names = [n for n in names if not n.startswith("losses/")]
             if not names:
-                raise NotApplicable(several)
+                raise NotApplicable(why)
         for name in names:
             steps, values = run.tensor(name).series(mode=self.mode)
             if not len(steps) or steps[-1] != step:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..firststep import several_objectives
 from ..ranges import COUNT, SHARE
-from .base import NotApplicable, Requirement, Rule, values_at
+from .base import FORWARDS_COUNTED, NotApplicable, Requirement, Rule, loss_not_a_fit, values_at
 
 MIN_SEEN = 20  # finite values seen before the first is judged (loss_spike)
 
@@ -42,13 +41,16 @@ class LossSpike(Rule):
                  "above their median by `threshold` robust standard deviations and by `ratio` of the median, and "
                  "above their 99th percentile (one sample a step, hard samples come in runs), and, where the loss "
                  "has gone down, giving back `progress` of the ground it gained (the median of its first 20 "
-                 "losses less the recent median), `patience` steps in a row; not once that median is below a thousandth of the first losses' (a "
-                 "model that fits its data exactly, where one sample's loss is noise around 0). "
+                 "losses less the recent median), `patience` steps in a row; not once that median is below a "
+                 "thousandth of the first losses' (a model that fits its data exactly, where one sample's loss is "
+                 "noise around 0). "
                  "The losses of a spike do not enter the recent level; each spike is told once, at the step "
                  "`patience` is reached, naming the step it began. Not on a training loss that is one of several "
                  "objectives the step trains in turn, each with a backward pass and optimizer steps of its own (a "
                  "GAN: the discriminator's loss climbs back from near 0 as the generator learns; torch, seen at "
-                 "the first step)")
+                 "the first step), nor on one that adds up over a number of forward passes that changes from "
+                 "step to step (reinforcement learning: the loss of an episode grows with its length as the agent "
+                 "learns; the probe, three or more numbers in the first 20 steps)")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "
             "warmup or a restart of the schedule), fp16 overflow, an optimizer state that went stale after "
             "a resume. Roll back to the checkpoint before the step it began and skip that data, or lower the "
@@ -59,15 +61,15 @@ class LossSpike(Rule):
     settled = MIN_SEEN  # finite values seen before the first is judged
 
     def requires(self):
-        return [Requirement("losses")]
+        return [Requirement("losses"), FORWARDS_COUNTED]
 
     def stream(self):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled, self.progress)
 
     def check(self, run, step):
-        several = several_objectives(run.first_step)
-        if several:
-            raise NotApplicable(several)
+        why = loss_not_a_fit(run)
+        if why:
+            raise NotApplicable(why)
         mine = f"^spikes/{re.escape(self.id or self.name)}$"  # what the recorder found for this rule, as this rule
         began = values_at(run, step, "began", ["spikes"], mine)
         if not began:
@@ -100,7 +102,8 @@ class GradientSpike(LossSpike):
                  "judged as loss_spike judges the loss: against the `window` finite norms before it (a whole "
                  "window: the first `window` steps are not judged), above their median by `threshold` robust "
                  "standard deviations and by `ratio` of it, and above their 99th percentile, `patience` steps in "
-                 "a row; not where the step trains several objectives in turn (a GAN)")
+                 "a row; not where the step trains several objectives in turn (a GAN), nor where its loss adds up "
+                 "over a number of forward passes that changes from step to step (an RL episode)")
     hint = ("The gradient norm jumped and stays up: a batch of bad data, a learning rate too high for this stage, "
             "fp16 overflow, an optimizer state gone stale after a resume; the loss often follows. Roll back to the "
             "checkpoint before the step it began and skip that data, or lower the learning rate, or clip "
@@ -111,7 +114,7 @@ class GradientSpike(LossSpike):
     def requires(self):
         # judged at the steps a spike is recorded at (with the norm, a metric, as the Trainer's grad_norm is) and at
         # the sampled steps (which capture the loss), so that a run without a spike is not said to be unjudged
-        return [Requirement("metrics"), Requirement("losses")]
+        return [Requirement("metrics"), Requirement("losses"), FORWARDS_COUNTED]
 
 
 class SpikeWatch:

@@ -1,4 +1,5 @@
-"""How many objectives a torch training step trains in turn (tripwire.core.firststep.FirstStep.objectives).
+"""What a torch training step's loss is made of: how many objectives the step trains in turn
+(tripwire.core.firststep.FirstStep.objectives), and over how many forward passes it adds up.
 
 A GAN's step runs the discriminator's backward pass and its optimizer's step, then the generator's backward pass
 and its optimizer's step: two objectives, each trained against the other, and neither loss need go down. A model
@@ -6,6 +7,9 @@ with two optimizers over one loss (sparse embeddings under SparseAdam, the rest 
 pass and steps both: one objective. The difference shows in the gradients between two optimizer steps of one
 training step: where a backward pass ran after an optimizer stepped, some gradient is new since that step, or
 was added to since. Looked at during the first sampled step only (the loop does the same every step).
+
+Whether the training loss measures the fit at all: where the number of forward passes it adds up changes from
+step to step (ForwardCounts), it measures the episode's length as much.
 """
 
 from __future__ import annotations
@@ -55,3 +59,34 @@ class Objectives:
 
 def _parameters(optimizer):
     return (p for group in optimizer.param_groups for p in group["params"])
+
+
+class ForwardCounts:
+    """The model's training forward passes (with gradients, outside an optimizer's own closure) in each of the first
+    STEPS steps. Where they take three or more different numbers, the step's loss adds up over a number of forward
+    passes that changes from step to step (a reinforcement-learning episode, one forward per action; a sequence
+    unrolled one forward per element), and its size follows that number, not the fit: an agent that learns plays
+    longer episodes and its loss grows. Gradient accumulation's short last group of an epoch makes two numbers; a
+    GAN's or a siamese network's forwards one."""
+
+    STEPS = 20
+    DISTINCT = 3
+
+    def __init__(self):
+        self.this_step = 0
+        self._counts: list = []
+
+    def end_step(self) -> dict | None:
+        """At the end of a step: at the STEPS-th, where the numbers varied, the fact to record
+        ({"value": distinct numbers, "min": …, "max": …}); None otherwise."""
+        self._counts.append(self.this_step)
+        self.this_step = 0
+        if len(self._counts) < self.STEPS:
+            return None
+        distinct = len(set(self._counts))
+        return {"value": float(distinct), "min": float(min(self._counts)), "max": float(max(self._counts))} \
+            if distinct >= self.DISTINCT else None
+
+    @property
+    def done(self) -> bool:
+        return len(self._counts) >= self.STEPS

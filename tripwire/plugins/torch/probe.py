@@ -51,6 +51,7 @@ from tripwire.core.actions import agree
 from tripwire.core.config import load_config
 from tripwire.core.errors import RuleFired
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
+from tripwire.core.rules.base import FORWARDS
 from tripwire.core.rules.relations import SKIPPED_STEPS
 
 from .capture import TorchCapture, step_closure
@@ -58,7 +59,7 @@ from .firststep import LossSpy
 from .gradnorm import SERIES as GRADIENT_NORM
 from .gradnorm import GradientNorms
 from .losswatch import KEPT_LOSSES, LossWatch
-from .objectives import Objectives
+from .objectives import ForwardCounts, Objectives
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
 from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed, train_mode_modules
@@ -102,6 +103,9 @@ class TripwireProbe:
         self._spy: LossSpy | None = None  # looks at the first sampled step's forward pass and loss
         self._objectives: Objectives | None = None  # counts the objectives that step trains in turn
         self._first = None  # what the look saw (a FirstStep), recorded with the objectives when the step ends
+        # the training forwards of each of the first steps: a loss over a number of them that changes from step to
+        # step (an RL episode) measures that number as much as the fit (recorded where relations are captured)
+        self._forwards = ForwardCounts() if "relations" in self._recorder.plan.collections else None
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
         self._skipped = 0  # training steps in a row in which no optimizer stepped (accumulation, a GradScaler's skip)
@@ -147,6 +151,7 @@ class TripwireProbe:
         step = self.global_step
         self.global_step += 1
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
+        forwards = self._count_forwards()
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
@@ -162,6 +167,9 @@ class TripwireProbe:
                 said = self._recorder.check_relation(step, "skipped_steps", self._skipped)
                 if said is not None:
                     decision = said if decision is None else decision.merge(said)
+            if forwards is not None:
+                said = self._recorder.fact(step, FORWARDS, forwards)
+                decision = said if decision is None else decision.merge(said)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -184,9 +192,20 @@ class TripwireProbe:
         if self._norms is not None:
             self._norms.store(self._recorder)
         values, tensors = self._capture.end(loss, self.optimizers, scalars)
+        if forwards is not None:
+            values[FORWARDS] = forwards
         origin = self._origin_of(step, _nonfinite(loss))
         decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
         self._act(decision.merge(self._recorder.poll()), sampled=True)
+
+    def _count_forwards(self) -> dict | None:
+        """The end of a step for ForwardCounts: its fact where this is the step it is known at; then it is off."""
+        if self._forwards is None:
+            return None
+        fact = self._forwards.end_step()
+        if self._forwards.done:
+            self._forwards = None
+        return fact
 
     def log_eval(self, metrics: dict) -> None:
         """Record evaluation metrics (e.g. {"val_loss": 0.3}) as `metrics/<name>` in mode eval at this step."""
@@ -237,7 +256,11 @@ class TripwireProbe:
 
     # -- hooks ------------------------------------------------------------------------------------------------------
     def _on_forward(self, module, args) -> None:
-        if self._begun or not module.training:
+        if not module.training:
+            return
+        if self._forwards is not None and self._in_step is None and torch.is_grad_enabled():
+            self._forwards.this_step += 1
+        if self._begun:
             return
         self._begin()
         if self._sampled and args:
