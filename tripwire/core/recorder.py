@@ -104,7 +104,7 @@ class Recorder:
         self._streams = [(spec.id, rule.streamed, stream) for spec in self.config.rules
                          if (stream := (rule := spec.create()).stream()) is not None]
         self.streamed = {series for _, series, _ in self._streams}  # the series a plugin computes for them alone
-        self._handed: set = set()  # the collections of the series handed over at every step (scalars), captured too
+        self._handed: set = set()  # (collection, mode) of the series handed over at every step (scalars): captured
         self._held: Decision | None = None  # actions on what they found between the plugin's calls, for poll()
         self._streaming = False  # recording what one found
         self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
@@ -296,7 +296,7 @@ class Recorder:
         if self.writer is None or not values:
             return
         self.writer.put(Sample(step, mode, values, row=False))
-        self._handed.update(map(collection_of, values))
+        self._handed.update((collection_of(name), mode) for name in values)
         if mode == "train":
             self._stream(step, values)
         if self._tensorboard is not None:

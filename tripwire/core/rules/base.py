@@ -239,10 +239,10 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
     return abs(loss) < share * abs(initial)
 
 
-# The training forward passes per step, as the torch probe counted them over the first steps, recorded once where
-# they took several numbers ({"value": how many different numbers, "min": …, "max": …}).
+# The training forward passes per step, as the torch probe counted them over the first steps (where the config
+# captures relations: the default's training_relations does), recorded once where they took several numbers
+# ({"value": how many different numbers, "min": …, "max": …}).
 FORWARDS = "relations/forwards_per_step"
-FORWARDS_COUNTED = Requirement("relations", optional=True)  # what a rule on the loss's course asks for, to read it
 
 
 def loss_not_a_fit(run) -> str | None:

@@ -156,13 +156,14 @@ class RuleEngine:
 
     def finish(self, view, step: int, worker: int = 0, handed=()) -> list[Verdict]:
         """`no_data` verdicts for rules that never fired and never had the data they require, or found it was not
-        the kind of data they judge (`NotApplicable`). handed: collections of series the plugin handed over at
-        every step, outside the samples the view holds (the gradient norms a spike rule reads)."""
+        the kind of data they judge (`NotApplicable`). handed: (collection, mode) of series the plugin handed over
+        at every step, outside the samples the view holds (the gradient norms a spike rule reads)."""
         out = []
-        collections = {collection_of(n) for n in view.tensor_names()} | set(handed)
+        captured = {collection_of(n) for n in view.tensor_names()}
         for slot in self.slots:
             if slot.failed or any(slot.findings.values()) or slot.rule.idle:  # the clock is never missing
                 continue
+            collections = captured | {c for c, mode in handed if mode in slot.rule.modes}
             needs = sorted(slot.needs)
             # a rule over every captured collection has data as soon as anything was captured
             missing = [] if "*" in needs and collections else [c for c in needs if c not in collections]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
-from .base import (FIRST_LABELS, FORWARDS_COUNTED, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
+from .base import (FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
                    loss_not_a_fit, of_roles, values_at)
 
 
@@ -79,7 +79,7 @@ class LossNotDecreasing(Rule):
     def requires(self):
         # the first batch's labels: what predicting their mean scores, where the loss stays there
         return [Requirement(self.collection), Requirement("optimizer", optional=True),
-                FIRST_LABELS, FORWARDS_COUNTED]
+                FIRST_LABELS]
 
     def check(self, run, step):
         self._drift.setdefault(run.default_worker, _Drift()).see(run, step)

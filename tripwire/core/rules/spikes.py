@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ranges import COUNT, SHARE
-from .base import FORWARDS_COUNTED, NotApplicable, Requirement, Rule, loss_not_a_fit, values_at
+from .base import NotApplicable, Requirement, Rule, loss_not_a_fit, values_at
 
 MIN_SEEN = 20  # finite values seen before the first is judged (loss_spike)
 
@@ -61,7 +61,7 @@ class LossSpike(Rule):
     settled = MIN_SEEN  # finite values seen before the first is judged
 
     def requires(self):
-        return [Requirement("losses"), FORWARDS_COUNTED]
+        return [Requirement("losses")]
 
     def stream(self):
         return SpikeWatch(self.window, self.threshold, self.ratio, self.patience, self.settled, self.progress)
@@ -114,7 +114,7 @@ class GradientSpike(LossSpike):
     def requires(self):
         # judged at the steps a spike is recorded at (with the norm, a metric, as the Trainer's grad_norm is) and at
         # the sampled steps (which capture the loss), so that a run without a spike is not said to be unjudged
-        return [Requirement("metrics"), Requirement("losses"), FORWARDS_COUNTED]
+        return [Requirement("metrics"), Requirement("losses")]
 
 
 class SpikeWatch:
