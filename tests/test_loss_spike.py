@@ -193,3 +193,27 @@ def test_keras_healthy_training_has_no_spike(tmp_path):
     callback = keras_fit(tmp_path / "run")
     _, losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")
     assert np.mean(losses[-40:]) < 0.3 * np.mean(losses[:10]) and spikes(callback.verdicts) == []  # it learns
+
+
+def test_layers_trained_one_after_another_each_by_its_own_optimizer_are_no_gradient_spike(tmp_path):
+    """As pytorch/examples' forward-forward trains: the first layer until it has converged, then the second, each
+    with its own Adam. The second's gradients are far larger than the first's were at the end: the norm series is
+    the first optimizer's alone, and stops with it."""
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y)
+    first, second = torch.nn.Linear(64, 10), torch.nn.Linear(64, 10)
+    model = torch.nn.ModuleList([first, second])
+    optimizers = [torch.optim.Adam(first.parameters(), lr=1e-2), torch.optim.Adam(second.parameters(), lr=1e-3)]
+    with TripwireProbe(model, optimizers, BOTH, out_dir=tmp_path / "run") as probe:
+        for step in range(400):
+            layer, optimizer = (first, optimizers[0]) if step < 200 else (second, optimizers[1])
+            i = 32 * (step % 40)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(layer(x[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    norms = tripwire.open_run(probe.run_url).tensor("metrics/grad_norm").series("value")[0]
+    assert list(norms) == list(range(200))
+    assert spikes(probe.verdicts, "gradient_spike") == []

@@ -96,8 +96,9 @@ class GradientSpike(LossSpike):
     # a whole window first: leaving its initialisation, a healthy model's gradient norm climbs for tens of steps
     # (to 2-5x its first steps', in the zoo), which a level of the first 20 steps would read as a spike
     settled = None
-    condition = ("the total l2 norm of the gradients of every step (`metrics/grad_norm`: Lightning and the probe "
-                 "compute it where this rule is on, after the loss scale is removed and before clipping; the "
+    condition = ("the total l2 norm of the gradients of every step (`metrics/grad_norm`, of the first optimizer to "
+                 "step where there are several: one set of parameters; Lightning and the probe compute it where "
+                 "this rule is on, after the loss scale is removed and before clipping; the "
                  "Transformers Trainer logs it at its logging steps; not Keras, whose step is compiled, nor XGBoost), "
                  "judged as loss_spike judges the loss: against the `window` finite norms before it (a whole "
                  "window: the first `window` steps are not judged), above their median by `threshold` robust "

@@ -27,16 +27,22 @@ class GradientNorms:
         self.kept: list = []  # (step, norm on its device) since the last store
         self._off = False
         self._last_step: int | None = None
+        self._optimizer: int | None = None  # id() of the optimizer whose gradients make the series
 
     def see(self, step: int, optimizer, recorder) -> None:
         """The norm of the gradients `optimizer` holds at `step`, handed to `recorder` (now, or with the next
-        sample on an accelerator): one a step, the first optimizer's where several step in one (a plain loop's GAN).
+        sample on an accelerator): one a step, always of the first optimizer that stepped, so that the series is
+        of one set of parameters (a plain loop's GAN steps two; pytorch/examples' forward-forward trains its
+        layers one after another, each with its own, a new layer's gradients 30 times the converged one's).
         A failure turns it off for the run, said once: it must never stop training."""
-        if self._off or step == self._last_step:
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer unwrapped
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        if self._off or step == self._last_step or id(optimizer) != self._optimizer:
             return
         self._last_step = step
         try:
-            norm = _norm(getattr(optimizer, "optimizer", optimizer))  # Lightning's LightningOptimizer unwrapped
+            norm = _norm(optimizer)
         except Exception as exc:  # noqa: BLE001
             self._off = True
             log.warning("tripwire: the gradient norm of step %s could not be computed (%s: %s); gradient_spike "
