@@ -15,7 +15,7 @@ from benchmarks.zoo.case import Attach
 from tripwire.core.rules.base import FORWARDS
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
-from tripwire.plugins.torch.objectives import ForwardCounts
+from tripwire.plugins.torch.objectives import ForwardCounts, Objectives
 
 F = nn.functional
 ALL_LOSS_RULES = {"rules": ["loss_not_decreasing", "loss_spike", "exploding_gradient"], "sampling": {"every": 10}}
@@ -201,3 +201,18 @@ def test_forward_passes_that_take_several_numbers_over_the_first_steps_are_told_
         facts.append(watch.end_step())
     assert watch.done and facts[:-1] == [None] * (len(counts) - 1)
     assert (facts[-1] == {"value": 5.0, "min": 2.0, "max": 30.0}) if told else facts[-1] is None
+
+
+def test_a_count_that_cannot_read_an_optimizer_raises_nothing_and_says_nothing():
+    """The count runs in the optimizers' step hooks, where an exception would stop the user's step: an optimizer
+    whose parameter groups cannot be read (a strategy's wrapper) turns it off, and the count is unknown."""
+
+    class Unreadable:
+        @property
+        def param_groups(self):
+            raise RuntimeError("sharded")
+
+    objectives = Objectives([Unreadable()])
+    objectives.after(Unreadable())
+    objectives.before(Unreadable())
+    assert objectives.count is None

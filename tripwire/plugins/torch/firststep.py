@@ -162,9 +162,12 @@ def look_once(owner, method: str, step: int, seen, optimizers=()) -> None:
             delattr(owner, method)
         else:
             setattr(owner, method, own)
-        objectives = Objectives(optimizers)
-        hooks = [hook for o in optimizers for hook in (o.register_step_pre_hook(objectives.before),
-                                                       o.register_step_post_hook(objectives.after))]
+        objectives, hooks = Objectives(optimizers), []
+        try:
+            for o in optimizers:
+                hooks += [o.register_step_pre_hook(objectives.before), o.register_step_post_hook(objectives.after)]
+        except Exception as exc:  # noqa: BLE001 - an optimizer of another kind (a strategy's wrapper): not counted
+            objectives.fail(exc)
         try:
             with spy:
                 out = original(*args, **kwargs)

@@ -14,6 +14,10 @@ step to step (ForwardCounts), it measures the episode's length as much.
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("tripwire")
+
 
 class Objectives:
     """Fed each optimizer's step of one training step (`before` from its pre-step hook, `after` from its post-step
@@ -27,12 +31,35 @@ class Objectives:
 
     def __init__(self, optimizers):
         self.optimizers = list(optimizers)
-        self.count = 1
+        self._count = 1
+        self._failed = False  # a look that failed counts nothing: it must never stop the optimizer's step
         self._left: dict | None = None  # id(parameter) -> (id(grad), version), as the last optimizer's step left them
         self._stepped: set = set()  # ids of the parameters held by the optimizers that stepped so far
 
+    @property
+    def count(self) -> int | None:
+        """The objectives counted; None where the look failed."""
+        return None if self._failed else self._count
+
     def before(self, optimizer, *_) -> None:
-        if self._left is None:
+        try:
+            self._before(optimizer)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+
+    def after(self, optimizer, *_) -> None:
+        try:
+            self._after(optimizer)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+
+    def fail(self, exc: Exception) -> None:
+        """Count nothing more: the count is None."""
+        self._failed, self._left = True, None
+        log.debug("tripwire: the first step's objectives are not counted: %s: %s", type(exc).__name__, exc)
+
+    def _before(self, optimizer) -> None:
+        if self._left is None or self._failed:
             return
         about_to_step = {id(p) for p in _parameters(optimizer)}
         for parameter in self._all_parameters():
@@ -43,11 +70,13 @@ class Objectives:
             made = was is None or was[0] != id(grad)
             added_to = not made and grad._version != was[1] and key in self._stepped and key not in about_to_step
             if made or added_to:
-                self.count += 1
+                self._count += 1
                 self._left = None  # counted: the next optimizer's step compares with the state after this one's
                 return
 
-    def after(self, optimizer, *_) -> None:
+    def _after(self, optimizer) -> None:
+        if self._failed:
+            return
         self._stepped.update(id(p) for p in _parameters(optimizer))
         self._left = {id(p): None if p.grad is None else (id(p.grad), p.grad._version)
                       for p in self._all_parameters()}
