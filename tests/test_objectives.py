@@ -15,6 +15,8 @@ from benchmarks.zoo.case import Attach
 from tripwire.core.rules.base import FORWARDS
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
+from tripwire.core.firststep import FirstStep, not_a_fit
+from tripwire.plugins.torch.firststep import LossSpy
 from tripwire.plugins.torch.objectives import ForwardCounts, Objectives
 
 F = nn.functional
@@ -216,3 +218,28 @@ def test_a_count_that_cannot_read_an_optimizer_raises_nothing_and_says_nothing()
     objectives.after(Unreadable())
     objectives.before(Unreadable())
     assert objectives.count is None
+
+
+def test_targets_the_model_computes_itself_are_told_apart_from_the_data_s():
+    """A DQN's loss (Lightning's reinforce_learn_Qnet example: MSE against r + gamma x max Q of its target network,
+    computed under no_grad and detached) against an autoencoder's (its input) and a regression's (data): only the
+    first's targets are the model's own. On that example tripwire called the TD loss's growth (its targets grow as
+    Q learns) a spike ten times, and 'never went down' an error."""
+    torch.manual_seed(0)
+    net, target_net = nn.Linear(4, 2), nn.Linear(4, 2)
+    states, actions, rewards, next_states = torch.randn(16, 4), torch.randint(0, 2, (16,)), torch.randn(16), \
+        torch.randn(16, 4)
+    spy = LossSpy()
+    with spy:
+        chosen = net(states).gather(1, actions.unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            next_values = target_net(next_states).max(1)[0]
+            next_values[torch.rand(16) < 0.1] = 0.0
+        nn.MSELoss()(chosen, next_values.detach() * 0.99 + rewards)
+        F.mse_loss(net(states)[:, 0], rewards)
+        autoencoder = nn.Linear(4, 4)
+        F.mse_loss(autoencoder(states), states)
+    first = spy.finish(0)
+    assert [use.bootstrapped for use in first.losses] == [True, False, False]
+    assert "computed by the model itself" in not_a_fit(first)
+    assert not_a_fit(FirstStep(0, first.losses[1:])) is None

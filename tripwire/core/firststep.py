@@ -82,6 +82,9 @@ class LossUse:
     terms: how many terms the loss adds up, where its reduction sums them instead of taking their mean (torch's
         `reduction="sum"`, Keras' `"sum"`): its value and its gradients are that many times those of the mean.
         Each plugin counts them as its framework sums; None for a mean.
+    bootstrapped: the targets were computed by the model itself, from its parameters (a DQN's temporal-difference
+        target from its target network, a momentum encoder's or a teacher's output): they move as it trains, and
+        the loss's level is no measure of the fit. None where the plugin cannot tell (torch tells).
     """
 
     loss: str
@@ -93,6 +96,7 @@ class LossUse:
     labels: Labels | None = None
     settings: dict = field(default_factory=dict)
     terms: int | None = None
+    bootstrapped: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class FirstStep:
     objectives: how many objectives the step trains in turn, each with a backward pass of its own followed by
     its optimizers' steps (a GAN's discriminator step, then its generator step: 2); None where the plugin cannot
     tell. With more than one, the loss handed to tripwire is one objective among others trained against or beside
-    it, and whether it goes down says nothing about the training (`several_objectives`)."""
+    it, and whether it goes down says nothing about the training (`not_a_fit`)."""
 
     step: int
     losses: tuple = ()
@@ -128,14 +132,22 @@ class FirstStep:
             return None
 
 
-def several_objectives(first: FirstStep | None) -> str | None:
-    """Why the training loss is not the one objective the step trains, where the first step says so (a GAN's); None
-    otherwise. The rules that judge its course (loss_not_decreasing, loss_spike) do not apply then."""
-    if first is None or first.objectives is None or first.objectives <= 1:
+def not_a_fit(first: FirstStep | None) -> str | None:
+    """Why the training loss is not the one objective the step trains, or not a measure of the fit, where the first
+    step says so (a GAN's, a DQN's); None otherwise. The rules that judge its course (loss_not_decreasing,
+    loss_spike) do not apply then."""
+    if first is None:
         return None
-    return (f"the step trains {first.objectives} objectives in turn, each with a backward pass and optimizer steps "
-            "of its own (a GAN's discriminator and generator): the loss handed over is one of them, trained "
-            "against the others, and need not go down")
+    if first.objectives is not None and first.objectives > 1:
+        return (f"the step trains {first.objectives} objectives in turn, each with a backward pass and optimizer "
+                "steps of its own (a GAN's discriminator and generator): the loss handed over is one of them, "
+                "trained against the others, and need not go down")
+    moving = [use.loss for use in first.losses if use.bootstrapped]
+    if moving:
+        return (f"the targets of its {moving[0]} are computed by the model itself (a temporal-difference target "
+                "from a target network, a momentum encoder's or a teacher's output): they move as it trains, and "
+                "the loss's level is no measure of the fit")
+    return None
 
 
 def summed_terms(first: FirstStep | None) -> int | None:
@@ -145,7 +157,7 @@ def summed_terms(first: FirstStep | None) -> int | None:
 
 
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
-             labels=None, terms: int | None = None, **settings) -> LossUse | None:
+             labels=None, terms: int | None = None, bootstrapped: bool | None = None, **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -154,7 +166,7 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
         reads = "probabilities"
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
-                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms)
+                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped)
 
 
 def task_of(first: FirstStep | None) -> str | None:

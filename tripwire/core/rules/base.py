@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import ClassVar
 
-from ..firststep import several_objectives
+from ..firststep import not_a_fit
 from ..ranges import ANY, AT_LEAST_0, Range
 from ..reductions import MIN_BATCH
 from ..model import role_of
@@ -249,12 +249,12 @@ def loss_not_a_fit(run) -> str | None:
     """Why the training loss says nothing of how well the model fits, where the run shows it; None otherwise. The
     rules that judge its course (loss_not_decreasing, loss_spike, gradient_spike) raise NotApplicable with it.
 
-    A GAN's step trains objectives against each other (the first step's objectives); a reinforcement-learning
-    episode adds up one loss term per action, so its loss grows with the episode's length as the agent learns
-    (the forward passes per step took several numbers)."""
-    several = several_objectives(run.first_step)
-    if several:
-        return several
+    A GAN's step trains objectives against each other, a DQN's targets come from its own target network (what the
+    first step showed); a reinforcement-learning episode adds up one loss term per action, so its loss grows with
+    the episode's length as the agent learns (the forward passes per step took several numbers)."""
+    why = not_a_fit(run.first_step)
+    if why:
+        return why
     if FORWARDS not in run.tensor_names("relations"):
         return None
     tensor = run.tensor(FORWARDS)

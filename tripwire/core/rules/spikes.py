@@ -48,7 +48,9 @@ class LossSpike(Rule):
                  "`patience` is reached, naming the step it began. Not on a training loss that is one of several "
                  "objectives the step trains in turn, each with a backward pass and optimizer steps of its own (a "
                  "GAN: the discriminator's loss climbs back from near 0 as the generator learns; torch, seen at "
-                 "the first step), nor on one that adds up over a number of forward passes that changes from "
+                 "the first step), nor on one whose targets the model computes itself (a DQN's, from its target "
+                 "network: they grow as its values do), nor on one that adds up over a number of forward passes "
+                 "that changes from "
                  "step to step (reinforcement learning: the loss of an episode grows with its length as the agent "
                  "learns; the probe, three or more numbers in the first 20 steps)")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "

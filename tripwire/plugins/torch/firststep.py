@@ -46,6 +46,7 @@ class LossSpy(TorchFunctionMode):
         super().__init__()
         self.losses: list = []
         self._made_by: dict = {}  # id(tensor) -> (weak reference, producing activation, softmax over one unit)
+        self._from_model: dict = {}  # id(tensor) -> weak reference, for the tensors computed from a parameter
         self.done = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -66,6 +67,10 @@ class LossSpy(TorchFunctionMode):
     def _note(self, name: str, args, kwargs, out) -> None:
         if name in READS:
             self._loss(name, args, kwargs)
+        if self._computed_from_model(args, kwargs):
+            for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(tensor, torch.Tensor):
+                    self._from_model[id(tensor)] = weakref.ref(tensor)
         if not isinstance(out, torch.Tensor):
             return
         if name in PRODUCERS:
@@ -75,6 +80,18 @@ class LossSpy(TorchFunctionMode):
             made = self._producer(args[0])
             if made is not None:
                 self._made_by[id(out)] = (weakref.ref(out), *made)
+
+    def _computed_from_model(self, args, kwargs) -> bool:
+        """Whether an operation reads a parameter, or a tensor computed from one (one level into lists)."""
+        for value in (*args, *kwargs.values()):
+            for item in (value if isinstance(value, (tuple, list)) else (value,)):
+                if isinstance(item, torch.nn.Parameter) or self._is_from_model(item):
+                    return True
+        return False
+
+    def _is_from_model(self, tensor) -> bool:
+        ref = self._from_model.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+        return ref is not None and ref() is tensor
 
     def _producer(self, tensor) -> tuple | None:
         entry = self._made_by.get(id(tensor))
@@ -98,7 +115,8 @@ class LossSpy(TorchFunctionMode):
             target.layout == torch.strided and not target.is_meta else None
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
         terms = _summed_terms(name, prediction, target) if settings.get("reduction") == "sum" else None
-        use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms, **settings)
+        use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
+                       bootstrapped=self._is_from_model(target), **settings)
         if use is not None:
             self.losses.append(use)
 
@@ -110,7 +128,7 @@ class LossSpy(TorchFunctionMode):
             self.__exit__(None, None, None)
         elif self in stack:  # a mode the step entered is still on top: this one passes everything through
             log.debug("tripwire: the first-step look stays under another torch function mode")
-        self._made_by = {}
+        self._made_by, self._from_model = {}, {}
         return FirstStep(step, tuple(self.losses))
 
 
