@@ -5,6 +5,7 @@ that are slow or raise anything, evidence that is not JSON: training goes on and
 out_dir used again, or by two trainings at once, gives each training its own run; verdicts are stored once.
 """
 
+import gc
 import json
 import logging
 import os
@@ -287,6 +288,26 @@ class Slow(Rule):
         return None
 
 
+class CollectedDuring(Rule):
+    """Quick itself, but a garbage collection of 50 ms runs during each evaluation (as a full collection of a large
+    training process's heap falls on whichever code allocates when it is due)."""
+
+    evaluations = 0
+
+    def requires(self):
+        return [Requirement("losses")]
+
+    def check(self, run, step):
+        CollectedDuring.evaluations += 1
+        slow_collection = lambda phase, info: time.sleep(0.05) if phase == "start" else None  # noqa: E731
+        gc.callbacks.append(slow_collection)
+        try:
+            gc.collect(0)
+        finally:
+            gc.callbacks.remove(slow_collection)
+        return None
+
+
 class Exits(Rule):
     def requires(self):
         return [Requirement("losses")]
@@ -327,6 +348,17 @@ def test_a_slow_rule_is_disabled_and_training_time_stays_bounded(tmp_path, caplo
     assert "evaluation.rule_budget" in warning
     (verdict,) = tripwire.open_run(probe.run_url).verdicts()
     assert verdict.rule == "slow" and verdict.status == "error" and verdict.step == Slow.evaluations - 1
+
+
+def test_the_garbage_collector_s_time_is_not_charged_to_the_rule_it_interrupts(tmp_path, caplog):
+    CollectedDuring.evaluations = 0
+    net, optimizer, x, y = tiny_mlp()
+    config = {**LOSSES, "rules": [{"rule": f"{__name__}:CollectedDuring", "name": "collected"}]}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        train(probe, net, optimizer, x, y, 60)  # 3 s of collections: 20 evaluations would pass the 1 s floor
+    assert CollectedDuring.evaluations == 60
+    assert not warnings_about(caplog, "[collected]")
+    assert not list(tripwire.open_run(probe.run_url).verdicts())
 
 
 def test_rules_raising_system_exit_or_keyboard_interrupt_are_disabled_and_training_goes_on(tmp_path):

@@ -11,7 +11,10 @@ at most MAX_FINDINGS findings per worker. A rule that raises anything
 verdict and is disabled for the rest of the run; so does, in the training
 process, a rule whose evaluations take more than `budget` of the time
 training has run, once they took a second (a slow custom rule must not slow
-training down unseen): training goes on. An outage of the store (`StoreUnavailable`) is not the
+training down unseen): training goes on. The time Python's garbage collector
+runs during an evaluation is not the rule's: a full collection in a large
+training process takes a second and more, and falls on whichever code
+allocated last. An outage of the store (`StoreUnavailable`) is not the
 rule's fault: it propagates to `tripwire watch`, which retries. At the end, a
 rule that never saw the data it requires gives a `no_data` verdict instead of
 passing silently.
@@ -19,6 +22,7 @@ passing silently.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import traceback
@@ -32,6 +36,29 @@ from .base import NotApplicable
 log = logging.getLogger("tripwire")
 MAX_FINDINGS = 20  # per rule and worker
 BUDGET_FLOOR_S = 1.0  # a rule that has cost less than this in all has slowed no training down
+
+
+class _CollectorClock:
+    """Seconds the garbage collector ran while it was listening (gc.callbacks: it is called at each collection's
+    start and stop, in whichever thread collects)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._began = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self._began = None
+
+    def __enter__(self):
+        gc.callbacks.append(self)  # only while a rule runs: every other collection of training costs nothing more
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
 
 
 class _Slot:
@@ -102,9 +129,10 @@ class RuleEngine:
 
     def _run(self, slot, check, step, mode, worker, out) -> None:
         slot.evaluated = True
-        began = time.perf_counter()
+        began, collector = time.perf_counter(), _CollectorClock()
         try:
-            verdicts = _returned(check())
+            with collector:
+                verdicts = _returned(check())
         except (StoreUnavailable, RunDamaged):  # not the rule's fault: the watcher retries, check names the file
             if self.source != "in_process":  # in training, the view is memory: such an error is the rule's own
                 raise
@@ -121,7 +149,7 @@ class RuleEngine:
                                     traceback=traceback.format_exc(limit=5)))
             return
         finally:
-            slot.seconds += time.perf_counter() - began
+            slot.seconds += max(0.0, time.perf_counter() - began - collector.seconds)
             slot.evaluations += 1
         if self._over_budget(slot):
             slot.failed = True
