@@ -243,3 +243,78 @@ def test_targets_the_model_computes_itself_are_told_apart_from_the_data_s():
     assert [use.bootstrapped for use in first.losses] == [True, False, False]
     assert "computed by the model itself" in not_a_fit(first)
     assert not_a_fit(FirstStep(0, first.losses[1:])) is None
+
+
+def td_value_learning(tmp_path, config):
+    """TD(0) value learning on a ring of 20 states (rewards 0-2, gamma 0.99: values near 100), as DQN loops train:
+    the target, r + gamma x V of a target network synced every 10 steps, is computed before the model's forward
+    (CleanRL's and Stable-Baselines3's order). Returns the probe and the mean error of the values before and after."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    states, gamma = 20, 0.99
+    features = torch.tensor(rng.normal(0, 10, (states, 10)), dtype=torch.float32)
+    following, rewards = rng.permutation(states), rng.uniform(0, 2, states)
+    moves = np.eye(states)[following]
+    values = torch.tensor(np.linalg.solve(np.eye(states) - gamma * moves, rewards), dtype=torch.float32)
+    rewards, following = torch.tensor(rewards, dtype=torch.float32), torch.tensor(following)
+    net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 1))
+    nn.init.zeros_(net[2].weight)
+    nn.init.zeros_(net[2].bias)
+    target_net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    error = lambda: float((net(features).squeeze(-1) - values).abs().mean())  # noqa: E731
+    with torch.no_grad():
+        before = error()
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(3000):
+            if step % 10 == 0:
+                target_net.load_state_dict(net.state_dict())
+            batch = torch.randint(0, states, (32,))
+            with torch.no_grad():
+                target = rewards[batch] + gamma * target_net(features[following[batch]]).squeeze(-1)
+            loss = F.mse_loss(net(features[batch]).squeeze(-1), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    with torch.no_grad():
+        return probe, before, error()
+
+
+def test_a_td_target_computed_before_the_model_s_forward_is_the_model_s_own(tmp_path):
+    """The values grow from 0 to 100 as they are learnt, and the TD loss and gradients with them: its first loss is
+    1.1, gradient norms reach 1,300 (without knowing the targets for the model's own, exploding_gradient called them
+    exploding against 1000 x the first loss, and loss_spike called the growth spikes)."""
+    probe, before, after = td_value_learning(tmp_path, {**ALL_LOSS_RULES, "sampling": {"every": 1}})
+    assert after < 0.1 * before, (before, after)
+    assert first_step(probe.run_url).losses[0].bootstrapped
+    assert [(v.rule, v.message) for v in probe.verdicts if v.fired] == []
+    assert {v.rule for v in probe.verdicts if v.status == "no_data"} == {"loss_not_decreasing", "loss_spike"}
+
+
+def test_the_look_armed_before_the_first_step_leaves_no_mode_behind(tmp_path):
+    """The look is armed from the probe's start (the step before the first sampled one): an evaluation before
+    training pays nothing for it (it waits for the training forward), and a probe closed before any step leaves no
+    torch function mode on the stack."""
+    from torch.overrides import _get_current_function_mode_stack
+    net = nn.Linear(4, 3)
+    with TripwireProbe(net, [], {"rules": ["loss_setup"]}, out_dir=tmp_path / "unused"):
+        assert len(_get_current_function_mode_stack()) == 1
+    assert _get_current_function_mode_stack() == []
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with TripwireProbe(net, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        net.eval()
+        with torch.no_grad():
+            net(x)
+        assert _get_current_function_mode_stack() == []
+        net.train()
+        for _ in range(3):
+            loss = F.cross_entropy(net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+        assert _get_current_function_mode_stack() == []
+    (use,) = first_step(probe.run_url).losses
+    assert use.loss == "cross_entropy" and use.units == 3 and not use.bootstrapped

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..firststep import summed_terms, task_of
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, held, loss_fell_below, of_roles, values_at
+from .base import Requirement, Rule, held, loss_fell_below, loss_not_a_fit, of_roles, values_at
 
 
 @dataclass
@@ -84,7 +84,9 @@ class ExplodingGradient(Rule):
                  "large one is the bad initialisation this rule is for), and for a loss that sums its terms "
                  "instead of taking their mean (torch's reduction=\"sum\", Keras' \"sum\") times their number, "
                  "where the first step shows it (its gradients are that many times the mean's: a VAE's summed "
-                 "pixel losses)")
+                 "pixel losses), and for a loss that is no measure of the fit (its targets computed by the model "
+                 "itself, as a DQN's TD targets, which grow as its values are learnt) times the largest training "
+                 "loss so far")
     hint = ("Gradients grow as they flow back through the layers, so early layers take huge steps. Likely causes: "
             "weights initialised too large, no normalisation, a deep stack without residual connections, a "
             "learning rate too high. Try: gradient clipping (gradient_clip_val / clipnorm), He or Glorot "
@@ -93,7 +95,7 @@ class ExplodingGradient(Rule):
               "(beta_3); the absolute bound `max_norm` is tripwire's own; here on kernels, by layer.")
 
     def __post_init__(self):
-        self._first_loss: dict = {}  # worker -> the first training loss seen (the memory holds the newest only)
+        self._seen: dict = {}  # worker -> [|first training loss|, |largest so far|]
 
     def requires(self):
         return [Requirement("gradients", ("l2",)), Requirement("losses", optional=True)]
@@ -101,14 +103,12 @@ class ExplodingGradient(Rule):
     def check(self, run, step):
         norms = of_roles(run, values_at(run, step, "l2", ["gradients"]), KERNEL_ROLES)
         found = []
-        regression, terms = self._loss_scale(run, step), summed_terms(run.first_step) or 0
-        bound = self.max_norm * max(1.0, regression, terms)
+        scale, why = self._scale(run, step)
+        bound = self.max_norm * scale
         large = {n: v for n, v in norms.items() if v > bound}
         if large:
             name = max(large, key=large.get)
-            scaled = "" if bound == self.max_norm else \
-                f" (max_norm {self.max_norm:g} times the {terms} terms the loss sums)" if terms >= regression else \
-                f" (max_norm {self.max_norm:g} times the first training loss of this regression)"
+            scaled = f" (max_norm {self.max_norm:g} times {why})" if why else ""
             found.append(self.fire(step, f"{name} has gradient L2 norm {large[name]:.3g}, above {bound:.3g}{scaled}.",
                                    finding="norm", gradients=large, max_norm=bound))
         layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}
@@ -121,18 +121,32 @@ class ExplodingGradient(Rule):
                                        first=first, last=last))
         return found or None
 
-    def _loss_scale(self, run, step: int) -> float:
-        """|the first training loss| of this worker, for a regression (the first step's losses say so) where the
-        run holds one by this step; 0 otherwise."""
-        if task_of(run.first_step) != "regression":
-            return 0.0
+    def _scale(self, run, step: int) -> tuple[float, str | None]:
+        """What max_norm is multiplied by at this step (at least 1), and what that factor is (None: 1)."""
+        scales = [(1.0, None)]
+        terms = summed_terms(run.first_step)
+        if terms:
+            scales.append((terms, f"the {terms} terms the loss sums"))
+        regression, unfit = task_of(run.first_step) == "regression", loss_not_a_fit(run)
+        if regression or unfit:
+            seen = self._read_losses(run, step)
+            if seen and regression:
+                scales.append((seen[0], "the first training loss of this regression"))
+            if seen and unfit:
+                scales.append((seen[1], "the largest training loss so far, whose scale the model sets itself"))
+        return max(scales, key=lambda scale: scale[0])
+
+    def _read_losses(self, run, step: int) -> list[float]:
+        """[|the first training loss|, |the largest so far|] of this worker by this step; [] where the run holds
+        none yet (in training the memory holds the newest samples only: both are kept as they come)."""
         worker = run.default_worker
-        if worker not in self._first_loss and "losses/train" in run.tensor_names("losses"):
+        if "losses/train" in run.tensor_names("losses"):
             steps, values = run.tensor("losses/train").series("value")
             finite = [abs(float(v)) for s, v in zip(steps, values) if s <= step and math.isfinite(v)]
             if finite:
-                self._first_loss[worker] = finite[0]
-        return self._first_loss.get(worker, 0.0)
+                seen = self._seen.setdefault(worker, [finite[0], 0.0])
+                seen[1] = max(seen[1], *finite)
+        return self._seen.get(worker, [])
 
 
 SATURATING = ("sigmoid", "tanh", "hardsigmoid", "hardtanh", "softsign", "logsigmoid")

@@ -4,7 +4,10 @@
 It notes which operation produced each tensor (following views and reshapes back to the operation that made the
 values), and, for each loss function called (`F.cross_entropy`, `nn.BCELoss`, `F.mse_loss`, …), what produced its
 input, the input's class dimension and the targets. It is active for the first sampled step's forward pass and
-loss only: no other step pays for it.
+loss only: no other step pays for it. Where the loop says when that step begins (the probe: at the end of the step
+before it), the spy is armed from there: it follows only which tensors are computed from a parameter, until the
+model's training forward begins the look, so that a DQN's target, computed by its target network before the
+model's forward, is known for the model's own.
 """
 
 from __future__ import annotations
@@ -39,15 +42,23 @@ PASS_ON = {"__getitem__", "squeeze", "unsqueeze", "view", "reshape", "flatten", 
 _OWN_CODE = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tripwire"]))
 # Class dimension of a loss's input: 1 for the categorical losses (N, C, …), the last for the others.
 CLASS_DIM = {"cross_entropy": 1, "nll_loss": 1}
+FOLLOWED = 10_000  # tensors computed from a parameter followed, at least, before the freed ones are forgotten
 
 
 class LossSpy(TorchFunctionMode):
-    def __init__(self):
+    def __init__(self, looking: bool = True):
+        """looking: False arms the spy: it follows which tensors are computed from a parameter, until `look()`."""
         super().__init__()
         self.losses: list = []
         self._made_by: dict = {}  # id(tensor) -> (weak reference, producing activation, softmax over one unit)
         self._from_model: dict = {}  # id(tensor) -> weak reference, for the tensors computed from a parameter
+        self._followed = FOLLOWED  # how many, before the freed ones are forgotten
+        self.looking = looking
         self.done = False
+
+    def look(self) -> None:
+        """The step's training forward begins: from here, the loss and what produced its input are seen too."""
+        self.looking = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -65,13 +76,16 @@ class LossSpy(TorchFunctionMode):
         return out
 
     def _note(self, name: str, args, kwargs, out) -> None:
-        if name in READS:
+        if name in READS and self.looking:
             self._loss(name, args, kwargs)
         if self._computed_from_model(args, kwargs):
+            if len(self._from_model) >= self._followed:  # armed over a long stretch of the loop: forget the freed
+                self._from_model = {key: ref for key, ref in self._from_model.items() if ref() is not None}
+                self._followed = max(FOLLOWED, 2 * len(self._from_model))
             for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(tensor, torch.Tensor):
                     self._from_model[id(tensor)] = weakref.ref(tensor)
-        if not isinstance(out, torch.Tensor):
+        if not isinstance(out, torch.Tensor) or not self.looking:
             return
         if name in PRODUCERS:
             over_one = name == "softmax" and _softmax_over_one(out, args, kwargs)

@@ -132,6 +132,7 @@ class TripwireProbe:
         # None outside DDP, or unless every rank has a probe (workers: all): no collective at all
         self._replicas = Replicas.of(model) if self.config.workers == "all" else None
         self._held = None  # under DDP, the decision of the steps since the last sample, acted on at the next
+        self._arm_look()
 
     @property
     def verdicts(self) -> list:
@@ -141,6 +142,10 @@ class TripwireProbe:
     # -- the loop's calls -------------------------------------------------------------------------------------------
     def step(self, loss=None, *, labels=None, predictions=None, metrics: dict | None = None) -> None:
         """End the training step: record what was sampled, run the rules, act. Cheap on unsampled steps."""
+        self._end_step(loss, labels, predictions, metrics)
+        self._arm_look()
+
+    def _end_step(self, loss, labels, predictions, metrics) -> None:
         if not self._begun:
             self._begin()
         self._begun = False
@@ -257,6 +262,7 @@ class TripwireProbe:
     # -- hooks ------------------------------------------------------------------------------------------------------
     def _on_forward(self, module, args) -> None:
         if not module.training:
+            self._disarm_look()
             return
         if self._forwards is not None and self._in_step is None and torch.is_grad_enabled():
             self._forwards.this_step += 1
@@ -334,13 +340,31 @@ class TripwireProbe:
             self._capture.before_optimizer_step(self._in_step, gradients_later=True)
         if self._sampled and self._after_optimizer:
             self._capture.watch_gradients(self.optimizers)
-        if self._sampled and self._spy is None:  # the first sampled step: what the loop does with its loss
-            self._spy, self._objectives = LossSpy(), Objectives(self.optimizers)
-            self._spy.__enter__()
+        if self._sampled and (self._spy is None or not self._spy.looking):  # the first sampled step: what the
+            if self._spy is None:  # loop does with its loss
+                self._spy = LossSpy().__enter__()
+            self._spy.look()
+            self._objectives = Objectives(self.optimizers)
+
+    def _arm_look(self) -> None:
+        """Before the first sampled step (at the end of the step before it, or here at the start): follow which
+        tensors are computed from a parameter from here, so a target computed before the model's forward (a DQN's,
+        by its target network) is known for the model's own."""
+        if self._spy is None and self._capture.plan.at("train", self.global_step):
+            self._spy = LossSpy(looking=False).__enter__()
+
+    def _disarm_look(self) -> None:
+        """An evaluation before the first sampled step: the look waits for the training forward (no evaluation pays
+        for it)."""
+        if self._spy is not None and not self._spy.looking:
+            self._spy.finish(self.global_step)
+            self._spy = None
 
     def _end_look(self) -> None:
         """Stop looking at the loss (at the step's first optimizer step, or its end)."""
-        if self._spy is not None and not self._spy.done:
+        if self._spy is not None and not self._spy.looking:  # armed for a step that never began (closed before it)
+            self._disarm_look()
+        elif self._spy is not None and not self._spy.done:
             self._first = self._spy.finish(self.global_step)
 
     def _record_first_step(self) -> None:
