@@ -306,6 +306,84 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=120)
 
 
+def test_a_booster_refreshing_its_trees_in_place_trains_on_and_a_continued_one_is_read_as_itself(tmp_path, caplog):
+    """XGBoost's update_process demo: a booster refreshed in place (process_type=update) refuses a slice of one
+    round's trees until all are refreshed; with trees captured, tripwire's read of them raised into xgb.train and
+    ended a healthy training. A training continued from a model (xgb_model=) counts its rounds from 0 again: the
+    trees and predictions captured were the first rounds', not the continued model's."""
+    x, y = load_digits(return_X_y=True)
+    y = (y == 3).astype(int)
+    dtrain = xgb.DMatrix(x[:1200], label=y[:1200])
+    config = CONFIGS["all_rules"]("xgboost")
+    base = xgb.train({"objective": "binary:logistic", "max_depth": 3, "nthread": 1}, dtrain, 8)
+    refresh = TripwireCallback(config, out_dir=tmp_path / "refresh")
+    refreshed = xgb.train({"objective": "binary:logistic", "process_type": "update", "updater": "refresh",
+                           "refresh_leaf": True, "nthread": 1}, dtrain, 8, xgb_model=base,
+                          evals=[(dtrain, "train")], callbacks=[refresh], verbose_eval=False)
+    assert refreshed.num_boosted_rounds() == 8
+    said = [r.getMessage() for r in caplog.records if "could not read the trees" in r.getMessage()]
+    assert len(said) == 1 and "not captured for the rest of this training" in said[0]
+    assert tripwire.open_run(refresh.run_url).info["status"] == "finished"
+
+    continued = TripwireCallback(config, out_dir=tmp_path / "continued", eval_data=(x[1200:], y[1200:]))
+    booster = xgb.train({"objective": "binary:logistic", "max_depth": 3, "nthread": 1}, dtrain, 2,
+                        xgb_model=base, evals=[(dtrain, "train")], callbacks=[continued], verbose_eval=False)
+    run = tripwire.open_run(continued.run_url)
+    assert run.steps() == [0, 1]
+    predicted = run.tensor("predictions").value(0)
+    np.testing.assert_allclose(predicted, booster.inplace_predict(x[1200:], iteration_range=(0, 9)), rtol=1e-6)
+    leaves = sum(text.count('"leaf"') for text in booster[8:9].get_dump(dump_format="json"))
+    assert run.tensor("trees/leaves").reduction(0) == leaves
+
+
+def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path):
+    """XGBoost's Higgs demo logs auc and ams@0.15 (higher is better): the first metric that was not auc, aucpr, pre,
+    map or ndcg was taken for the training loss, and loss_not_decreasing called it rising as the model learnt.
+    Only metrics that go down are losses: XGBoost's own, or custom ones named so (scikit-learn's `*_error`)."""
+    x, y = separable(4000)
+    dtrain = xgb.DMatrix(x[:3000], label=y[:3000])
+    rising = TripwireCallback(None, out_dir=tmp_path / "ams")
+    xgb.train({"objective": "binary:logitraw", "eval_metric": ["auc", "ams@0.15"], "max_depth": 3, "nthread": 1},
+              dtrain, 30, evals=[(dtrain, "train")], callbacks=[rising], verbose_eval=False)
+    run = tripwire.open_run(rising.run_url)
+    assert "losses/train" not in run.tensor_names() and "metrics/train/ams@0.15" in run.tensor_names()
+    assert [v for v in run.verdicts() if v.fired] == []
+    assert {v.rule for v in run.verdicts() if v.status == "no_data"} >= {"loss_not_decreasing"}
+
+    from sklearn.metrics import mean_absolute_error
+    named = TripwireCallback(None, out_dir=tmp_path / "named")
+    model = xgb.XGBRegressor(n_estimators=20, max_depth=3, n_jobs=1, eval_metric=mean_absolute_error,
+                             callbacks=[named])
+    model.fit(x[:3000], y[:3000].astype(float), eval_set=[(x[:3000], y[:3000].astype(float)),
+                                                          (x[3000:], y[3000:].astype(float))], verbose=False)
+    losses = tripwire.open_run(named.run_url).tensor("losses/train").series("value")[1]
+    assert len(losses) == 20 and losses[-1] < losses[0]
+
+
+def test_a_ranker_s_clicks_and_a_booster_s_own_output_are_not_judged_as_a_classifier_s(tmp_path):
+    """XGBoost's learning-to-rank demo on clicks (relevance 0 or 1): class_imbalance read the ranker as a binary
+    classifier ("class 0 has 47.8x the samples of class 1"). A built-in objective reads its own output, and the
+    eval log's loss is on other data than eval_data's predictions: output_loss_mismatch matched binary:logitraw's
+    margins against an unrelated metric on the Higgs demo."""
+    x, y = separable(3000)
+    clicks = (y & (np.random.default_rng(0).random(len(y)) < 0.1)).astype(int)  # 1 in 20 clicked
+    config = {"sampling": {"every": 1}, "rules": ["class_imbalance", "output_loss_mismatch"]}
+    ranked = TripwireCallback(config, out_dir=tmp_path / "rank", eval_data=(x[2000:], clicks[2000:]))
+    xgb.train({"objective": "rank:ndcg", "eval_metric": "ndcg@10", "nthread": 1},
+              xgb.DMatrix(x[:2000], label=clicks[:2000], qid=np.repeat(np.arange(100), 20)), 10,
+              callbacks=[ranked])
+    margins = TripwireCallback(config, out_dir=tmp_path / "margins", eval_data=(x[2000:], y[2000:]))
+    xgb.train({"objective": "binary:logitraw", "nthread": 1}, xgb.DMatrix(x[:2000], label=y[:2000]), 10,
+              evals=[(xgb.DMatrix(x[:2000], label=y[:2000]), "train")], callbacks=[margins], verbose_eval=False)
+    for callback, rules in ((ranked, {"class_imbalance": "ranking's"}),
+                            (margins, {"output_loss_mismatch": "binary:logitraw"})):
+        verdicts = tripwire.open_run(callback.run_url).verdicts()
+        assert [v for v in verdicts if v.fired] == []
+        for rule, why in rules.items():
+            (verdict,) = [v for v in verdicts if v.rule == rule]
+            assert verdict.status == "no_data" and why in verdict.message
+
+
 def test_check_and_show_handle_xgboost_runs(tmp_path):
     x, y = noisy()
     _, faulty, _ = train(x, y, DEEP, 10, 300, out_dir=tmp_path / "faulty")

@@ -170,9 +170,10 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
 
 
 def task_of(first: FirstStep | None) -> str | None:
-    """What the training learns, from its losses: `regression` where every loss is one, `classification` where
-    one learns classes; None where the first step does not say (the rules judge the data by its shapes)."""
+    """What the training learns, from its losses: `regression` or `ranking` where every loss is one,
+    `classification` where one learns classes; None where the first step does not say (the rules judge the data by
+    its shapes)."""
     kinds = {use.kind for use in first.losses} if first is not None else set()
     if kinds & {"categorical", "binary"}:
         return "classification"
-    return "regression" if kinds == {"regression"} else None
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"regression", "ranking"} else None

@@ -80,9 +80,10 @@ class _Pooled(Rule):
         names = run.tensor_names()
         if self.labels not in names or self.predictions not in names:
             return None
-        if task_of(run.first_step) == "regression":
-            raise NotApplicable("the training's loss is a regression's (recorded at its first step): its targets "
-                                "are not classes, whatever values they take")
+        task = task_of(run.first_step)
+        if task in ("regression", "ranking"):
+            raise NotApplicable(f"the training's loss is a {task}'s (recorded at its first step): its targets are "
+                                "not classes, whatever values they take (a ranker's relevance, 0 or 1 for a click)")
         labels, predictions = run.tensor(self.labels), run.tensor(self.predictions)
         steps = sorted(set(labels.steps(tensors=True)) & set(predictions.steps(tensors=True)))
         if not steps or steps[-1] != step:

@@ -60,7 +60,8 @@ class OutputLossMismatch(Rule):
                  "[0, 1]; log-probabilities: rows whose logsumexp is 0; else logits), the reported loss is within "
                  "`tolerance` of the cross-entropy of reading it as another kind, and `separation` times closer to "
                  "that than to reading it as what it is, at `patience` judged steps in a row. A loss that adds "
-                 "terms (regularisation, label smoothing, class weights) matches no reading and is not judged")
+                 "terms (regularisation, label smoothing, class weights) matches no reading and is not judged; nor is an "
+                 "XGBoost objective, which reads its own output")
     hint = ("The model's output layer and its loss read the output differently, so the loss computes something "
             "else than intended: the model learns slowly or not at all, and nothing goes NaN. The message says "
             "which reading the loss made and the change to make.")
@@ -78,6 +79,11 @@ class OutputLossMismatch(Rule):
                 Requirement("losses", steps=self.steps)]
 
     def check(self, run, step):
+        own = [use for use in (run.first_step.losses if run.first_step is not None else ()) if use.reads == "scores"]
+        if own:
+            raise NotApplicable(f"the training's objective ({own[0].settings.get('objective', own[0].loss)}) reads "
+                                "its output its own way, and its loss is logged on other data than the predictions "
+                                "captured (a booster's eval log against its eval_data)")
         names = run.tensor_names(step=step)
         if not {"labels", "predictions", self.loss} <= set(names):
             return None

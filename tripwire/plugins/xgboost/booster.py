@@ -72,17 +72,22 @@ def feature_names(booster) -> list[str]:
     return booster.feature_names or [f"f{i}" for i in range(booster.num_features())]
 
 
-# Metrics XGBoost's EarlyStopping maximises (xgboost.callback.EarlyStopping, `maximize=None`); all others it
-# minimises, like a loss.
-MAXIMISED = ("auc", "aucpr", "pre", "map", "ndcg")
+# The metrics that go down as the model learns: XGBoost's losses (named before any "@" parameter) and custom ones
+# named as losses (scikit-learn's convention: `*_loss`, `*_error`, `*_deviance`; `PyRMSLE`), then error rates,
+# read as the loss where a set logs no loss. Others go up (auc, aucpr, ndcg, map, pre, ams,
+# interval-regression-accuracy, a `*_score`) or are a custom metric whose direction its name does not say:
+# none of them is read as a loss, which a rule would call rising as the model improves.
+LOSSES = ("rmse", "rmsle", "mae", "mape", "mphe", "logloss", "poisson-nloglik", "gamma-nloglik", "gamma-deviance",
+          "tweedie-nloglik", "cox-nloglik", "aft-nloglik", "quantile", "expectile", "loss", "_error", "deviance")
+ERROR_RATES = ("error",)
 TRAIN_NAMES = ("train", "training", "dtrain")
 
 
 def eval_losses(evals_log) -> tuple[float | None, float | None]:
     """(training loss, validation loss) of the round, read from the eval log as XGBoost's EarlyStopping reads it:
     the last eval set is the validation set; the training set is the one named train (or training, dtrain), else the
-    first of two or more. Each one's loss is its first metric XGBoost minimises (logloss, rmse, error, …: an
-    objective's default metric comes first). None where there is no such set or metric."""
+    first of two or more. Each one's loss is its first built-in loss metric (logloss, rmse, …: an objective's default
+    metric comes first), else its first error rate. None where there is no such set or metric."""
     names = list(evals_log)
     train = next((n for n in names if n.lower() in TRAIN_NAMES), names[0] if len(names) >= 2 else None)
     validation = next((n for n in reversed(names) if n != train), None)
@@ -102,10 +107,12 @@ def repeated_eval_sets(evals_log) -> int | None:
 
 
 def _loss(metrics) -> float | None:
-    for metric, history in metrics.items():
-        if metric == "mape" or not metric.startswith(MAXIMISED):
-            value = history[-1]
-            return float(value[0] if isinstance(value, (tuple, list)) else value)  # (mean, std) in xgb.cv
+    """The newest value of the set's first loss metric (its first error rate where it logs none)."""
+    for known in (LOSSES, ERROR_RATES):
+        for metric, history in metrics.items():
+            if metric.split("@")[0].lower().endswith(known):
+                value = history[-1]
+                return float(value[0] if isinstance(value, (tuple, list)) else value)  # (mean, std) in xgb.cv
     return None
 
 # XGBoost's objective families, as the losses of tripwire.core.firststep: what the booster learns

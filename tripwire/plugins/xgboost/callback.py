@@ -78,6 +78,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         self._trees = False
         self._state = "finished"
         self._verdicts: list = []
+        self._unreadable: set = set()  # what a round of this training could not be read for: not tried again
 
     def __getstate__(self):
         return {k: self.__dict__[k] for k in ("config", "out_dir", "storage_options", "eval_data",
@@ -105,7 +106,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         self._plan = self.config.plan()
         config = booster_config(model)
         self._trees = booster_kind(config) in TREE_BOOSTERS
-        self._state = "finished"
+        self._state, self._unreadable = "finished", set()
         if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
             url = self._start(model, config, url, self.append)
         self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
@@ -198,17 +199,21 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         repeated = repeated_eval_sets(evals_log) if "relations" in active else None
         if repeated is not None:
             scalar("relations", "same_eval_data", repeated)
+        # the round's own trees: a training continued from a model (xgb_model=) counts its rounds from 0 again
+        rounds = model.num_boosted_rounds()
         if self._trees and "trees" in active:
-            for key, value in tree_stats(model, epoch).items():
+            for key, value in (self._read("trees", epoch, lambda: tree_stats(model, rounds - 1)) or {}).items():
                 scalar("trees", key, value)
         if self._trees and "feature_importance" in active:
             plan, names = active["feature_importance"], feature_names(model)
             kinds = [k for k in IMPORTANCE_TYPES if any(plan.selects(f"{k}/{f}") for f in names)]
-            for kind, scores in importance(model, kinds).items():
+            scored = self._read("feature importance", epoch, lambda: importance(model, kinds)) or {}
+            for kind, scores in scored.items():
                 for feature, value in scores.items():
                     scalar("feature_importance", f"{kind}/{feature}", value)
         if self.eval_data is not None and ("labels" in active or "predictions" in active):
-            for name, array in zip(("labels", "predictions"), self._labels_and_predictions(model, epoch)):
+            read = self._read("predictions", epoch, lambda: self._labels_and_predictions(model, rounds))
+            for name, array in zip(("labels", "predictions"), read or ()):
                 plan = active.get(name)
                 if plan is not None:
                     if plan.reductions:
@@ -217,14 +222,30 @@ class TripwireCallback(xgb.callback.TrainingCallback):
                         tensors[name] = array
         return values, tensors
 
-    def _labels_and_predictions(self, model, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Labels (class ids as int64 where they are whole numbers) and the model's predictions after this round."""
+    def _read(self, what: str, epoch: int, reader):
+        """reader()'s answer; None where it raises, said once, and not tried again in this training: a booster that
+        cannot be read so (a refresh of existing trees, process_type=update, refuses a slice of them) must not
+        stop the training."""
+        if what in self._unreadable:
+            return None
+        try:
+            return reader()
+        except Exception as exc:  # noqa: BLE001 - a round tripwire cannot read must not stop training
+            self._unreadable.add(what)
+            said = (str(exc).strip().splitlines() or [""])[0][:200]
+            log.warning("tripwire: could not read the %s of round %d (%s: %s); they are not captured for the rest "
+                        "of this training.", what, epoch, type(exc).__name__, said)
+            return None
+
+    def _labels_and_predictions(self, model, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+        """Labels (class ids as int64 where they are whole numbers) and the model's predictions after its first
+        `rounds` rounds (all of them by now)."""
         if isinstance(self.eval_data, xgb.DMatrix):
             labels = self.eval_data.get_label()
-            scores = model.predict(self.eval_data, iteration_range=(0, epoch + 1))
+            scores = model.predict(self.eval_data, iteration_range=(0, rounds))
         else:
             x, labels = self.eval_data
-            scores = model.inplace_predict(x, iteration_range=(0, epoch + 1))
+            scores = model.inplace_predict(x, iteration_range=(0, rounds))
         labels, scores = _host(labels), _host(scores).astype(np.float32)
         if np.all(labels == np.round(labels)):
             labels = labels.astype(np.int64)
