@@ -224,7 +224,9 @@ def test_targets_the_model_computes_itself_are_told_apart_from_the_data_s():
     """A DQN's loss (Lightning's reinforce_learn_Qnet example: MSE against r + gamma x max Q of its target network,
     computed under no_grad and detached) against an autoencoder's (its input) and a regression's (data): only the
     first's targets are the model's own. On that example tripwire called the TD loss's growth (its targets grow as
-    Q learns) a spike ten times, and 'never went down' an error."""
+    Q learns) a spike ten times, and 'never went down' an error. Lightning's autoencoder example passes its output
+    as the target (F.mse_loss(x, self(x))), its BoringModel targets torch.ones_like(output): neither is a target
+    of the model's making (the one takes a gradient, the other reads only the output's shape)."""
     torch.manual_seed(0)
     net, target_net = nn.Linear(4, 2), nn.Linear(4, 2)
     states, actions, rewards, next_states = torch.randn(16, 4), torch.randint(0, 2, (16,)), torch.randn(16), \
@@ -237,10 +239,13 @@ def test_targets_the_model_computes_itself_are_told_apart_from_the_data_s():
             next_values[torch.rand(16) < 0.1] = 0.0
         nn.MSELoss()(chosen, next_values.detach() * 0.99 + rewards)
         F.mse_loss(net(states)[:, 0], rewards)
-        autoencoder = nn.Linear(4, 4)
+        autoencoder = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid())
         F.mse_loss(autoencoder(states), states)
+        F.mse_loss(states, autoencoder(states))  # Lightning's autoencoder example: the output in the target's place
+        F.mse_loss(net(states), torch.ones_like(net(states)))  # Lightning's BoringModel: targets shaped as it
     first = spy.finish(0)
-    assert [use.bootstrapped for use in first.losses] == [True, False, False]
+    assert [use.bootstrapped for use in first.losses] == [True, False, False, False, False]
+    assert first.losses[3].output == "sigmoid" and first.losses[3].labels.shape == (16, 4)  # read the right way
     assert "computed by the model itself" in not_a_fit(first)
     assert not_a_fit(FirstStep(0, first.losses[1:])) is None
 

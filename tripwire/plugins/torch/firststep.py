@@ -42,6 +42,12 @@ PASS_ON = {"__getitem__", "squeeze", "unsqueeze", "view", "reshape", "flatten", 
 _OWN_CODE = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tripwire"]))
 # Class dimension of a loss's input: 1 for the categorical losses (N, C, …), the last for the others.
 CLASS_DIM = {"cross_entropy": 1, "nll_loss": 1}
+# Losses of the distance between their two arguments: either may be the model's output (F.mse_loss(x, model(x))).
+SYMMETRIC = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+# Operations that read no value of their input, only its shape, dtype and device: what they make is not computed
+# from a parameter, whatever they are given (the targets of torch.ones_like(prediction)).
+SHAPE_ONLY = {"ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like",
+              "new_ones", "new_zeros", "new_full", "new_empty", "new_tensor", "size", "dim", "numel"}
 FOLLOWED = 10_000  # tensors computed from a parameter followed, at least, before the freed ones are forgotten
 
 
@@ -78,7 +84,7 @@ class LossSpy(TorchFunctionMode):
     def _note(self, name: str, args, kwargs, out) -> None:
         if name in READS and self.looking:
             self._loss(name, args, kwargs)
-        if self._computed_from_model(args, kwargs):
+        if name not in SHAPE_ONLY and self._computed_from_model(args, kwargs):
             if len(self._from_model) >= self._followed:  # armed over a long stretch of the loop: forget the freed
                 self._from_model = {key: ref for key, ref in self._from_model.items() if ref() is not None}
                 self._followed = max(FOLLOWED, 2 * len(self._from_model))
@@ -119,6 +125,9 @@ class LossSpy(TorchFunctionMode):
         target = kwargs.get("target", inputs[1] if len(inputs) > 1 else None)
         if not isinstance(prediction, torch.Tensor):
             return
+        if name in SYMMETRIC and isinstance(target, torch.Tensor) and target.requires_grad and \
+                not prediction.requires_grad:  # F.mse_loss(x, model(x)): the model's output is the prediction
+            prediction, target = target, prediction
         made = self._producer(prediction)
         dim = CLASS_DIM.get(name, -1)
         if prediction.dim() >= 2:  # outputs per sample: the class dimension; a 1-D output is one per sample
@@ -130,7 +139,7 @@ class LossSpy(TorchFunctionMode):
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
         terms = _summed_terms(name, prediction, target) if settings.get("reduction") == "sum" else None
         use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
-                       bootstrapped=self._is_from_model(target), **settings)
+                       bootstrapped=_bootstrapped(target, self._is_from_model(target)), **settings)
         if use is not None:
             self.losses.append(use)
 
@@ -144,6 +153,13 @@ class LossSpy(TorchFunctionMode):
             log.debug("tripwire: the first-step look stays under another torch function mode")
         self._made_by, self._from_model = {}, {}
         return FirstStep(step, tuple(self.losses))
+
+
+def _bootstrapped(target, from_model: bool) -> bool:
+    """Whether a loss's target is the model's own making: computed from a parameter with no gradient through it
+    (under no_grad or detached: a TD target from a target network, a teacher's or a momentum encoder's output). One
+    that takes a gradient is a second output of the model trained against the first (a siamese pair)."""
+    return from_model and isinstance(target, torch.Tensor) and not target.requires_grad
 
 
 def _summed_terms(name: str, prediction: torch.Tensor, target) -> int | None:
