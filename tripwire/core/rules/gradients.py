@@ -72,12 +72,15 @@ class ExplodingGradient(Rule):
 
     ratio_threshold: float = 70.0
     max_norm: float = 1000.0
+    patience: int = 3  # samples in a row the ratio must hold at
 
     name = "exploding_gradient"
-    limits = {"ratio_threshold": POSITIVE, "max_norm": POSITIVE}
+    limits = {"ratio_threshold": POSITIVE, "max_norm": POSITIVE, "patience": COUNT}
     condition = ("the L2 norm of the first layer's trainable kernel gradients is more than `ratio_threshold` times "
                  "the last layer's (layers in the model's order; a layer's kernels taken together, so a recurrent "
-                 "layer's input and recurrent kernels are one layer), or some kernel gradient's L2 norm exceeds "
+                 "layer's input and recurrent kernels are one layer) at `patience` samples in a row (a last "
+                 "layer of few weights, such as a siamese network's Dense(1) on a distance, has a gradient that "
+                 "crosses 0 from batch to batch: one sample's ratio is heavy-tailed), or some kernel gradient's L2 norm exceeds "
                  "`max_norm`, for a regression times its first training loss where that is above 1 (the loss's "
                  "scale is the targets' units: a regression on targets in the hundreds starts at a loss of 10^4 "
                  "and trains with gradient norms in the thousands; a classifier's loss starts near ln C, and a "
@@ -96,6 +99,7 @@ class ExplodingGradient(Rule):
 
     def __post_init__(self):
         self._seen: dict = {}  # worker -> [|first training loss|, |largest so far|]
+        self._above: dict = {}  # worker -> [first step, samples in a row] the layer ratio was above its threshold
 
     def requires(self):
         return [Requirement("gradients", ("l2",)), Requirement("losses", optional=True)]
@@ -114,11 +118,17 @@ class ExplodingGradient(Rule):
         layers = {layer: sum(norms[n] ** 2 for n in names) ** 0.5 for layer, names in _by_layer(run, norms).items()}
         if len(layers) >= 2:
             (first, a), (last, b) = next(iter(layers.items())), list(layers.items())[-1]
+            above = self._above.setdefault(run.default_worker, [step, 0])
             if b > 0 and a / b > self.ratio_threshold:
+                above[:] = [above[0] if above[1] else step, above[1] + 1]
+            else:
+                above[:] = [step, 0]
+            if above[1] >= self.patience:
                 found.append(self.fire(step, f"the first layer's kernel gradient ({first}, L2 {a:.3g}) is "
-                                             f"{a / b:.0f}x the last layer's ({last}, L2 {b:.3g}); limit "
-                                             f"{self.ratio_threshold:g}x.", finding="ratio", ratio=a / b,
-                                       first=first, last=last))
+                                             f"{a / b:.0f}x the last layer's ({last}, L2 {b:.3g}), above "
+                                             f"{self.ratio_threshold:g}x at {above[1]} samples in a row since step "
+                                             f"{above[0]}.", finding="ratio", ratio=a / b, first=first, last=last,
+                                       onset=above[0]))
         return found or None
 
     def _scale(self, run, step: int) -> tuple[float, str | None]:
