@@ -106,6 +106,25 @@ def test_zero_grad_between_backward_and_step_is_an_error_at_step_0(tmp_path):
     assert "6 parameter(s)" in verdict.message and "between loss.backward() and optimizer.step()" in verdict.hint
 
 
+def test_a_loss_at_its_minimum_has_no_gradient_and_breaks_nothing(tmp_path):
+    """Lightning's own DemoModel (lightning.pytorch.demos): its loss, relu(l1(x)).sum() on batches of one, reaches
+    its minimum, 0, by switching every unit off, and its gradient is then exactly 0: training_relations called it an
+    error ("none of the parameters had a gradient"). A zero gradient is a fault only where the loss is not at 0."""
+    from lightning.pytorch.demos.boring_classes import DemoModel, RandomDataset
+
+    torch.manual_seed(0)
+    model = DemoModel()
+    callback = TripwireCallback({"rules": ["training_relations"], "sampling": {"every": 1},
+                                 "collections": {"losses": {}}}, out_dir=tmp_path / "run")
+    trainer = pl.Trainer(max_steps=200, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, torch.utils.data.DataLoader(RandomDataset(32, 64), batch_size=1))
+    run = tripwire.open_run(callback.run_url)
+    losses = run.tensor("losses/train").series("value")[1]
+    assert losses[:10].mean() > 1 and (losses == 0).sum() >= 20  # it learns: most steps end at the minimum
+    assert [v.message for v in run.verdicts() if v.fired] == []
+
+
 def test_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path):
     run, _ = loop(tmp_path / "run", optimizer=lambda parameters: StopsUpdating(parameters, working=15))
     # the first no-op step is 15, unsampled (every 10): told at its second in a row, not at the next sample (20)

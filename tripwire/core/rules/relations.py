@@ -109,7 +109,8 @@ class TrainingRelations(Rule):
                  "`train_mode_eval` — metrics logged as an evaluation after forwards with the model in train mode, "
                  "dropout or batch normalisation in it (warning; the probe, at the first evaluation); "
                  "`no_gradients` — an optimizer stepped while every parameter it holds had a gradient that was None "
-                 "or all zero (error); `no_gradient_path` — parameters that ran in the forward, held by an "
+                 "or all zero (error; not where the step's loss is exactly 0, a minimum with no gradient to give: "
+                 "a hinge loss every sample clears, a sum of ReLUs all off); `no_gradient_path` — parameters that ran in the forward, held by an "
                  "optimizer that stepped, got no gradient at any backward pass of the step, and a module whose "
                  "forward came after theirs received, while gradients were recorded, a float input that records "
                  "none and holds an earlier module's output (the same storage: a detached output, or one computed "
@@ -148,7 +149,19 @@ class TrainingRelations(Rule):
             relation = name.split("/", 1)[1]
             if relation not in RELATIONS or count < AT_LEAST.get(relation, 1):
                 continue
+            if relation == "no_gradients" and _loss_at(run, step) == 0:  # at its minimum: nothing to learn from
+                continue
             severity, what, hint = RELATIONS[relation]
             found.append(self.fire(step, f"step {step}: {what.format(n=int(count))}.", severity=severity,
                                    finding=relation, hint=hint, count=int(count)))
         return found or None
+
+
+def _loss_at(run, step: int) -> float | None:
+    """The training loss recorded at this step, where it was."""
+    if "losses/train" not in run.tensor_names("losses"):
+        return None
+    try:
+        return float(run.tensor("losses/train").reduction(step))
+    except LookupError:
+        return None
