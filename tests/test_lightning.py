@@ -342,3 +342,34 @@ def test_a_run_goes_where_lightning_puts_its_own_output(tmp_path, with_logger):
         assert urls == [str(tmp_path / "logs" / "lightning_logs" / f"version_{i}" / "tripwire") for i in (0, 1)]
     else:
         assert urls == [str(tmp_path / "tripwire"), str(tmp_path / "tripwire-1")]
+
+
+def test_a_high_learning_rate_whose_steps_clipping_caps_is_no_alarm(tmp_path):
+    """Lightning's LSTM demo (lightning.pytorch.demos.lstm) trains SGD at lr 20, pytorch's word language model's
+    recipe, which clips the gradient norm at 0.25: learning_rate called the rate alone 20x too high. Where the
+    first steps' updates are measured they decide: here they change the kernels by a few percent."""
+    import lightning.pytorch as L
+    from lightning.pytorch.demos.lstm import LightningLSTM, SimpleLSTM
+
+    class SmallLSTM(LightningLSTM):
+        def __init__(self):
+            super().__init__(vocab_size=20)
+            self.model = SimpleLSTM(vocab_size=20, ninp=32, nhid=32, nlayers=2)
+
+        def prepare_data(self):  # the demo downloads WikiText-2; this one makes its tokens
+            return None
+
+        def train_dataloader(self):
+            tokens = torch.arange(1200) % 19  # a sequence to learn: each token's successor is known
+            x, y = tokens[:-1].unfold(0, 20, 20), tokens[1:].unfold(0, 20, 20)
+            return torch.utils.data.DataLoader(list(zip(x, y)), batch_size=4, drop_last=True)
+
+    torch.manual_seed(0)
+    callback = TripwireCallback(None, out_dir=tmp_path / "run")
+    trainer = L.Trainer(max_epochs=6, gradient_clip_val=0.25, callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    model = SmallLSTM()
+    trainer.fit(model)
+    losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")[1]
+    assert losses[-1] < 0.3 * losses[0], losses
+    assert [v.message for v in callback.verdicts if v.fired and v.counts] == []

@@ -55,7 +55,8 @@ class LearningRate(Rule):
     limits = {"steps": COUNT, "far": POSITIVE, "max_ratio": POSITIVE, "share": SHARE}
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
-                 "judged), or one step changed at least `share` of the trainable kernels (zero-initialised ones "
+                 "judged) where no update was measured (measured, the updates decide: gradient clipping caps "
+                 "the steps of a high rate, as pytorch's word language model trains SGD at 20), or one step changed at least `share` of the trainable kernels (zero-initialised ones "
                  "left out) by more than `max_ratio` times their norm (too high; not for an optimizer that searches "
                  "within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
@@ -106,7 +107,7 @@ class LearningRate(Rule):
         far = rate is not None and usual is not None and rate > self.far * usual[1]
         with_what = f" with {optimizer}" if optimizer else ""
         named = f"learning rate {rate:g}{with_what}" if rate is not None else f"the learning rate{with_what}"
-        if rewrites or far:
+        if rewrites or (far and not ratios):  # measured, the updates decide: clipping caps a high rate's steps
             self._done.add(run.default_worker)
             said = [f"{rate / usual[1]:.0f}x the highest it is commonly used with ({usual[1]:g})"] if far else []
             if rewrites:
