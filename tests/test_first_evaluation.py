@@ -77,6 +77,26 @@ def test_keras_validation_data_prepared_apart(tmp_path, apart):
     model.fit(x, y, validation_data=(xv, yv), epochs=2, batch_size=32, verbose=0, callbacks=[callback])
     run = tripwire.open_run(callback.run_url)
     if apart:
-        assert [(v.rule, v.step) for v in run.verdicts() if v.fired] == [("first_evaluation", 43)]  # the end of epoch 1
+        # the end of epoch 1, confirmed by the second evaluation (still above the start's loss)
+        assert [(v.rule, v.onset, v.step) for v in run.verdicts() if v.fired] == [("first_evaluation", 43, 86)]
     else:
         assert [v.rule for v in run.verdicts() if v.fired] == []
+
+
+@pytest.mark.parametrize("second,fires", [(1.5, False), (17.9, True)], ids=["undone", "confirmed"])
+def test_a_first_evaluation_after_training_that_the_next_undoes_is_no_alarm(second, fires):
+    """Lightning's imagenet example (a ResNet with BatchNorm, SGD 0.1 with momentum 0.9, ported on digits): its
+    first evaluation, after epoch 1, read 70.5 in eval mode (0.91 with the batch's statistics), the next 1.5: the
+    running statistics lagged weights that moved fast, and caught up. Data prepared apart stays above the start."""
+    from tripwire.core.history import History
+    from tripwire.core.rules.evaluation import FirstEvaluation
+
+    history, rule = History(64, 64), FirstEvaluation()
+    for step, loss in ((0, 2.3), (10, 2.0), (20, 1.4)):
+        history.add(0, "train", step, {"losses/train": {"value": loss}})
+    history.add(0, "eval", 24, {"metrics/val_loss": {"value": 70.5}})
+    assert rule.check(history.at(24, "eval", 0), 24) is None  # after training: the next evaluation decides
+    history.add(0, "eval", 48, {"metrics/val_loss": {"value": second}})
+    verdict = rule.check(history.at(48, "eval", 0), 48)
+    assert (verdict is not None and verdict.onset == 24 and "70.5 at step 24" in verdict.message) if fires else \
+        verdict is None

@@ -36,7 +36,10 @@ class FirstEvaluation(Rule):
     condition = ("judged once, when both are known: the first value of `val_tensor` (in `val_mode`) is more than "
                  "`factor` times the larger of the training loss at the start (the largest sampled value of "
                  "`train_tensor` up to the first evaluation, or its first value where the evaluation came before "
-                 "any training) and, for a classifier of C classes (from the first step's loss), ln C")
+                 "any training) and, for a classifier of C classes (from the first step's loss), ln C; where the "
+                 "model trained before its first evaluation, the second must still be above that baseline "
+                 "(BatchNorm's running statistics can lag weights a high rate moved fast, for an evaluation, which "
+                 "the next one undoes)")
     hint = ("The model is evaluated far worse than it trains from the start. Likely causes: a module whose eval "
             "mode needs state only training builds — torch.nn.utils.spectral_norm evaluated before any training "
             "forward (its power iteration has not run), BatchNorm whose running statistics never moved (momentum "
@@ -70,14 +73,20 @@ class FirstEvaluation(Rule):
         train_steps, train = run.tensor(self.train_tensor).series(mode=self.train_mode)
         if not len(val_steps) or not len(train_steps):
             return None
-        self._judged.add(worker)
         first_eval, eval_step = float(val[0]), int(val_steps[0])
+        # after training steps, BatchNorm's running statistics may still lag weights that moved fast (SGD 0.1 with
+        # momentum: 70 at the first evaluation, 1.5 at the next): a second evaluation back below the start undoes it
+        trained = eval_step > int(train_steps[0])
+        if trained and len(val) < 2:
+            return None
+        self._judged.add(worker)
         start = train[(train_steps <= max(eval_step, train_steps[0])) & np.isfinite(train)]
         if not len(start) or not math.isfinite(first_eval):
             return None  # a NaN is exploding_tensor's
         chance = _chance(run)
         baseline = max(float(start.max()), chance[0] if chance is not None else 0.0)
-        if baseline <= 0 or first_eval <= self.factor * baseline:
+        if baseline <= 0 or first_eval <= self.factor * baseline or \
+                (trained and not float(val[1]) > baseline):
             return None
         against = f"the training loss at the start ({float(start.max()):.4g})"
         if chance is not None:
