@@ -504,6 +504,30 @@ def test_integer_inputs_are_measurements_unless_a_layer_reads_them_as_ids(tmp_pa
         assert verdict.step == 2 and "values from 0 to 255" in verdict.message  # the first 3 batches
 
 
+def test_a_nested_model_s_layers_are_read_in_their_order(tmp_path):
+    """keras.io's supervised contrastive example nests its encoder, an adapted Normalization first, in the
+    classifier. Keras' recursive walk of the layers visits a nested model's layers last-first: the Normalization was
+    not seen as the first layer (raw inputs were called not normalised), and the nested model's last Dense came
+    first in the model's order (the first and last layers of exploding_gradient's ratio)."""
+    (xt, yt), _ = helpers.digits()
+    x = (xt - xt.min()) * 40.0  # 0..~255, the digits as raw pixels
+    keras.utils.set_random_seed(0)
+    normalization = keras.layers.Normalization()
+    normalization.adapt(x)
+    encoder = keras.Sequential([keras.Input((64,)), normalization, keras.layers.Dense(32, activation="relu",
+                                                                                      name="hidden"),
+                                keras.layers.Dense(16, name="embedding")], name="encoder")
+    model = keras.Sequential([keras.Input((64,)), encoder, keras.layers.Dense(10, name="head")], name="classifier")
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = TripwireCallback({"rules": ["input_not_normalized"]}, out_dir=tmp_path / "run")
+    model.fit(x, yt, batch_size=32, epochs=1, verbose=0, callbacks=[cb])
+    run = tripwire.open_run(cb.run_url)
+    assert run.model.inputs_scaled == "Normalization"
+    kernels = [p.layer.split("/")[-1] for p in run.model.parameters.values() if p.role == "kernel"]
+    assert kernels == ["hidden", "embedding", "head"]
+    assert [v for v in run.verdicts() if v.fired] == []
+
+
 @pytest.mark.parametrize("first", ["rescaling", "normalization", "dense_then_batchnorm", "none"])
 def test_a_model_that_scales_its_own_inputs_is_not_told_to_normalise_them(tmp_path, first):
     """keras.io's way: raw 0..255 pixels into the model, augmentation, then Rescaling(1/255) (or an adapted

@@ -135,12 +135,27 @@ def _consumers(layer, depth: int = 0) -> list | None:
     return found
 
 
+def _in_order(model) -> list:
+    """The model and every layer under it, depth first, a container before its sublayers and those in their own
+    order. Keras' _flatten_layers(recursive=True) visits a nested model's sublayers last-first (a deque's
+    extendleft): a Normalization first in a nested model came out last, and a nested model's last Dense first."""
+    out, seen, stack = [], set(), [model]
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        out.append(layer)
+        stack.extend(reversed(layer._flatten_layers(include_self=False, recursive=False)))
+    return out
+
+
 def _activation_inputs(model) -> dict[str, str]:
     """{path of a layer with an activation: the layer whose output it takes}: a layer with its own activation (a
     Dense with activation='relu') takes its own; an activation layer (ReLU, Activation, LeakyReLU, …) the layer
     with parameters made before it."""
     out, last = {}, None
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in _in_order(model)[1:]:
         path = getattr(layer, "path", None) or layer.name
         has_parameters = bool(getattr(layer, "_trainable_variables", ()))
         if has_parameters and _activation(layer) is not None:
@@ -159,7 +174,7 @@ def describe(model) -> ModelInfo:
     trainable = {id(v) for v in model.trainable_variables}
     followers = _followers(model)
     parameters = {}
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in _in_order(model):
         kind = layer_type(layer)
         for variable in getattr(layer, "_trainable_variables", ()):
             path = variable.path
@@ -190,7 +205,7 @@ _SHAPING = _classes("InputLayer", "Reshape", "Flatten", "Permute", "Resizing", "
 
 def _inputs_scaled(model) -> str:
     """The class of the first layer that does more than move its input, where it rescales or normalises it."""
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in _in_order(model)[1:]:
         if isinstance(layer, (keras.Model, *_SHAPING)):
             continue
         return type(layer).__name__ if isinstance(layer, _SCALING) else ""
