@@ -502,3 +502,36 @@ def test_a_validation_loss_still_falling_towards_chance_is_not_labels_at_chance(
     val = history.history["val_loss"]
     assert val[-1] < val[0] / 10 and min(val) > np.log(2)  # falling, and above chance all along
     assert [v for v in tripwire.open_run(cb.run_url).verdicts() if v.fired] == []
+
+
+def test_a_validation_at_chance_while_batchnorm_statistics_hold_their_start_is_not_labels_at_chance(tmp_path):
+    """keras.io's time-series classifier (three Conv1D-BatchNorm-ReLU blocks, global pooling, softmax; Adam) on 1,200
+    synthetic series (class 1 carries a short burst of a higher tone): 38 steps per epoch. Its training loss falls
+    from the first epoch, while the validation loss stays at ln 2 for the first epochs: an evaluation normalises
+    with BatchNorm's running statistics, which at Keras' momentum 0.99 still hold their initial values after 200
+    steps (without waiting for them: a verdict at step 304). Once they are the data's, validation follows.
+    Overfit's "never below chance" waits for them."""
+    rng = np.random.RandomState(1)
+    t = np.arange(176)
+    y = rng.randint(0, 2, 1500)
+    x = np.sin(2 * np.pi * rng.uniform(0.02, 0.08, (1500, 1)) * t + rng.uniform(0, 6.28, (1500, 1))) \
+        + 0.8 * rng.randn(1500, 176)
+    centre = rng.randint(20, 136, 1500)[:, None]
+    x += y[:, None] * 1.2 * np.exp(-0.5 * ((t - centre) / 8.0) ** 2) * np.sin(2 * np.pi * 0.3 * t)
+    x = ((x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)).astype("float32")[..., None]
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((176, 1))
+    h = inputs
+    for _ in range(3):
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Conv1D(64, 3, padding="same")(h)))
+    outputs = keras.layers.Dense(2, activation="softmax")(keras.layers.GlobalAveragePooling1D()(h))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
+    cb = TripwireCallback({"rules": ["overfit"]}, out_dir=tmp_path / "run")
+    history = model.fit(x, y, batch_size=32, epochs=16, validation_split=0.2, verbose=0, callbacks=[cb]).history
+    assert min(history["val_loss"][:8]) > 0.95 * np.log(2) and history["loss"][7] < 0.9 * history["loss"][0]
+    # it learns what holds for other data (0.50 at the end against ln 2 = 0.69; accuracy 0.78)
+    assert min(history["val_loss"]) < 0.85 * np.log(2) and max(history["val_sparse_categorical_accuracy"]) > 0.7
+    run = tripwire.open_run(cb.run_url)
+    assert run.model.running_keep == pytest.approx(0.99)
+    assert [v for v in run.verdicts() if v.fired] == []

@@ -247,3 +247,19 @@ def test_default_config_on_a_healthy_loop_fires_nothing(tmp_path):
     assert run.tensor("gradients/0.weight").steps()[-1] == 100
     # every step's loss is stored (the unsampled ones read at the next sample), as no sample of their own
     assert run.steps() == [*range(10), 100] and run.tensor("losses/train").steps() == list(range(120))
+
+
+def test_the_model_record_says_how_long_batchnorm_statistics_keep_their_start():
+    """An evaluation normalises with BatchNorm's running statistics: torch's momentum 0.1 leaves under 1 % of their
+    initial values after 44 training steps; a cumulative average (momentum None) and LayerNorm keep none."""
+    from tripwire.core.model import ModelInfo
+    from tripwire.plugins.torch.structure import describe
+
+    model = describe(torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                         torch.nn.Linear(4, 8),
+                                         torch.nn.BatchNorm1d(8, momentum=None), torch.nn.LayerNorm(8)))
+    assert model.running_keep == pytest.approx(0.9)
+    assert not model.statistics_settled(43) and model.statistics_settled(44)
+    assert ModelInfo.from_dict(model.to_dict()).running_keep == pytest.approx(0.9)
+    plain = describe(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, momentum=None)))
+    assert plain.running_keep is None and plain.statistics_settled(0)

@@ -77,13 +77,18 @@ class ModelInfo:
     optimizers: the class names of the optimizers that train it (`SGD`, `AdamW`), in the framework's order.
     inputs_scaled: the class of the model's first layer where it rescales or normalises the inputs itself
     (Keras' `Rescaling(1/255)` or `Normalization`, a BatchNorm first), so that their raw scale is the model's
-    business; "" where it does not, or where that is not known."""
+    business; "" where it does not, or where that is not known.
+    running_keep: the share of its running statistics (mean, variance) a BatchNorm layer keeps at each training
+    step, the largest over the model's (Keras' `momentum`, 0.99 by default; 1 - `momentum` in torch, 0.9): an
+    evaluation normalises with these statistics, which hold their initial values until enough training steps
+    have replaced them; None where no layer keeps any."""
 
     name: str = ""
     parameters: dict = field(default_factory=dict)  # path -> Parameter
     activations: dict = field(default_factory=dict)  # activation layer path -> the layer it takes its input from
     optimizers: tuple = ()
     inputs_scaled: str = ""
+    running_keep: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "_order", {p: i for i, p in enumerate(self.parameters)})
@@ -104,11 +109,18 @@ class ModelInfo:
         """The kernels (dense, convolution, recurrent and attention weights), in the model's order."""
         return [p for p in self.parameters.values() if p.kernel and (trainable is None or p.trainable == trainable)]
 
+    def statistics_settled(self, step: int, share: float = 0.01) -> bool:
+        """Whether `step` training steps have left the running statistics less than `share` of their initial
+        values (Keras' default momentum 0.99: 459 steps; torch's 0.1: 44), so that an evaluation reads the
+        model, not the statistics it started with."""
+        keep = self.running_keep
+        return keep is None or keep <= 0 or keep ** step < share
+
     def to_dict(self) -> dict:
         return {"name": self.name, "parameters": [{**asdict(p), "shape": list(p.shape)}
                                                   for p in self.parameters.values()],
                 "activations": dict(self.activations), "optimizers": list(self.optimizers),
-                "inputs_scaled": self.inputs_scaled}
+                "inputs_scaled": self.inputs_scaled, "running_keep": self.running_keep}
 
     @classmethod
     def from_dict(cls, data) -> ModelInfo | None:
@@ -135,8 +147,11 @@ class ModelInfo:
         optimizers = data.get("optimizers", [])
         optimizers = tuple(o for o in optimizers if isinstance(o, str)) if isinstance(optimizers, list) else ()
         scaled = data.get("inputs_scaled", "")
+        keep = data.get("running_keep")
+        keep = float(keep) if isinstance(keep, (int, float)) and not isinstance(keep, bool) and 0 <= keep < 1 \
+            else None
         return cls(str(data.get("name", "")), parameters, activations, optimizers,
-                   scaled if isinstance(scaled, str) else "")
+                   scaled if isinstance(scaled, str) else "", keep)
 
 
 def role_of(model: ModelInfo | None, tensor: str) -> str:

@@ -48,7 +48,8 @@ class Overfit(Rule):
                  "the best evaluation; or, for a classifier of C classes (from the first step's loss), the validation "
                  "loss has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought "
                  "no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
-                 "first value (labels that do not match their inputs)")
+                 "first value (labels that do not match their inputs), judged once the training steps have left "
+                 "less than 1% of BatchNorm's initial running statistics (an evaluation normalises with them)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -87,8 +88,11 @@ class Overfit(Rule):
         best, best_step, train_at_best = seen.best
         # judged once it stopped coming down: a validation loss still falling towards chance (from a huge first
         # value, raw inputs) is learning, however slowly
-        if chance is not None and seen.lowest >= self.at_chance * chance[0] and min(recent) >= best and \
-                train_now < (1 - self.min_delta) * seen.first_train:
+        # BatchNorm's running statistics, which an evaluation normalises with, hold their initial values for
+        # hundreds of steps at Keras' momentum 0.99: until then validation can read chance on a model that learns
+        settled = run.model is None or run.model.statistics_settled(step)
+        if chance is not None and settled and seen.lowest >= self.at_chance * chance[0] and min(recent) >= best \
+                and train_now < (1 - self.min_delta) * seen.first_train:
             return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
                                    f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
                                    f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "

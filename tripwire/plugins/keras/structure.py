@@ -191,7 +191,16 @@ def describe(model) -> ModelInfo:
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed precision, a LossScaleOptimizer
     return ModelInfo(model.name, parameters, _activation_inputs(model),
-                     (type(optimizer).__name__,) if optimizer is not None else (), _inputs_scaled(model))
+                     (type(optimizer).__name__,) if optimizer is not None else (), _inputs_scaled(model),
+                     _running_keep(model))
+
+
+def _running_keep(model) -> float | None:
+    """The largest `momentum` of the BatchNormalization layers that train (a frozen one runs in inference mode and
+    keeps its statistics as they are), None where there are none."""
+    kept = [float(layer.momentum) for layer in _in_order(model)
+            if isinstance(layer, L.BatchNormalization) and layer.trainable]
+    return max(kept) if kept else None
 
 
 # Layers that rescale or normalise what they are given; and layers that only move, crop or augment it, which may

@@ -141,7 +141,16 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
     classes = tuple(type(getattr(o, "optimizer", o)).__name__ for o in optimizers or () if o is not None)
     scaled = type(sequence[0][1]).__name__ if sequence and isinstance(sequence[0][1], _NORMS) else ""
     return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
-                     classes, scaled)
+                     classes, scaled, _running_keep(model))
+
+
+def _running_keep(model: nn.Module) -> float | None:
+    """The largest share of its running statistics a BatchNorm (or InstanceNorm tracking them) keeps per step,
+    1 - momentum; None where there are none. momentum None is a cumulative average, which holds nothing of its
+    initial values after the first step."""
+    kept = [1.0 - float(m.momentum) for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.momentum is not None]
+    return max(kept) if kept else None
 
 
 def _in_parameter_order(model: nn.Module, parameters: dict) -> dict:
