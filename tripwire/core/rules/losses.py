@@ -40,7 +40,9 @@ class LossNotDecreasing(Rule):
                  "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
                  "training begin) nor its median `min_drop` of the first's lower, three or more windows and "
                  "`min_steps` steps in, or for a first batch of fewer than `full_batch` samples `full_batch` / its "
-                 "size times as many steps (error: nothing learns), or above it, its median by `min_drop`, three "
+                 "size times as many steps, and the least-squares line through every sample the rule saw, its fall "
+                 "plus one standard error, falls by less than `min_drop` of the first window's median (error: "
+                 "nothing learns), or above it, its median by `min_drop`, three "
                  "or more windows in (warning: the loss rises); or it "
                  "is not below the window before it while it is below the first (info: it levelled off, training "
                  "has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
@@ -73,6 +75,7 @@ class LossNotDecreasing(Rule):
         self._count: dict = {}  # (worker, series) -> samples seen (the history in memory holds only the last few)
         self._drift: dict = {}  # worker -> _Drift: how far the kernels travelled, and how far their norm moved
         self._slow_until: dict = {}  # (worker, series) -> the step before which "never went down" is not judged
+        self._trend: dict = {}  # (worker, series) -> _Trend of every sample the rule saw
 
     @property
     def history(self):
@@ -99,6 +102,9 @@ class LossNotDecreasing(Rule):
             key = (run.default_worker, name)
             first = self._first.setdefault(key, [])
             self._count[key] = self._count.get(key, 0) + 1
+            trend = self._trend.setdefault(key, _Trend())
+            if np.isfinite(values[-1]):
+                trend.add(float(steps[-1]), float(values[-1]))
             if len(first) < self.window:
                 first.append((int(steps[-1]), float(values[-1])))
                 continue
@@ -109,6 +115,9 @@ class LossNotDecreasing(Rule):
                                   self._count[key], self._patience(run))
             if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
+            if verdict is not None and verdict.finding == "never" and \
+                    trend.may_have_fallen(self.min_drop * abs(verdict.evidence["start"])):
+                verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
             if verdict is not None and verdict.finding in ("never", "rising"):
@@ -189,13 +198,47 @@ class LossNotDecreasing(Rule):
                                    f"{now.mean():.4g} over its last {self.window} samples against {first.mean():.4g} "
                                    f"over its first {self.window}.", severity="warning" if rising else "error",
                              finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
-                             now=float(now.mean()))
+                             now=float(now.mean()), start=start)
         if not never_down and not below(now, before) and not below(before, now):
             return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
                                    f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
                              now=float(now.mean()))
         return None
+
+
+class _Trend:
+    """The least-squares line through every (step, value) sample of a series the rule saw, kept as running means and
+    co-moments (Welford's update: O(1) memory, stable at any step count). Two windows of five noisy batch losses
+    say little: their medians can stand 3 % apart on a loss that every sample together shows falling (a logistic
+    regression on soft, randomly weighted targets, 4 % an epoch)."""
+
+    def __init__(self):
+        self.n, self.x, self.y, self.xx, self.xy, self.yy = 0, 0.0, 0.0, 0.0, 0.0, 0.0
+        self.first_step = self.last_step = 0.0
+
+    def add(self, step: float, value: float) -> None:
+        if not self.n:
+            self.first_step = step
+        self.last_step = step
+        self.n += 1
+        dx, dy = step - self.x, value - self.y
+        self.x += dx / self.n
+        self.y += dy / self.n
+        self.xx += dx * (step - self.x)
+        self.xy += dx * (value - self.y)
+        self.yy += dy * (value - self.y)
+
+    def may_have_fallen(self, by: float) -> bool:
+        """Whether the line's fall from the first sample's step to the newest, plus TREND_Z standard errors of it
+        (from the residuals' spread: the batch noise, and any curve the line misses), reaches `by`: the samples do
+        not show that the series stayed within `by` of where it began. A loss that does not move, sampled often
+        enough, has a fall near 0 with a small error; a slow descent, a fall that only gets surer."""
+        if self.n < 3 or self.xx <= 0:
+            return False
+        slope = self.xy / self.xx
+        error = (max(self.yy - slope * self.xy, 0.0) / (self.n - 2) / self.xx) ** 0.5
+        return (TREND_Z * error - slope) * (self.last_step - self.first_step) >= by
 
 
 class _Drift:
@@ -263,6 +306,7 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
+TREND_Z = 1.0  # standard errors of the line's fall added to it: what the samples cannot rule out
 DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
 SPEEDUP = 2.0  # times the norm's growth over the first half of the steps, over the second: a drift that speeds up
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
