@@ -1,11 +1,15 @@
 """Test set-up: quiet, deterministic, single-threaded frameworks; Keras kept out of the home folder."""
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 
-os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="keras-home-"))
+if "KERAS_HOME" not in os.environ:  # one for the session (its subprocesses inherit it), removed at the end
+    os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="keras-home-")
+    atexit.register(shutil.rmtree, os.environ["KERAS_HOME"], True)
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
