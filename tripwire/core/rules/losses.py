@@ -44,8 +44,9 @@ class LossNotDecreasing(Rule):
                  "plus one standard error, falls by less than `min_drop` of the first window's median (error: "
                  "nothing learns), or above it, its median by `min_drop`, three "
                  "or more windows in (warning: the loss rises); or it "
-                 "is not below the window before it while it is below the first (info: it levelled off, training "
-                 "has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
+                 "is below the first, and the line through the newest two windows falls, plus one standard error, "
+                 "less than a quarter as fast as the loss came down on average since the first window (info: it "
+                 "levelled off, training has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
                  "training loss that is one of several objectives the step trains in turn, each with a backward "
                  "pass and optimizer steps of its own (a GAN's discriminator and generator: neither need go "
                  "down; torch, seen at the first step), nor on one whose targets the model computes itself (a "
@@ -111,7 +112,7 @@ class LossNotDecreasing(Rule):
             if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
-            verdict = self._judge(step, name, first, values[-2 * self.window:-self.window], values[-self.window:],
+            verdict = self._judge(step, name, first, steps[-2 * self.window:], values[-2 * self.window:],
                                   self._count[key], self._patience(run))
             if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
@@ -177,14 +178,16 @@ class LossNotDecreasing(Rule):
                  if use.labels is not None and use.labels.shape and use.labels.shape[0] > 0]
         return self.min_steps * max(1, -(-self.full_batch // min(sizes))) if sizes else self.min_steps
 
-    def _judge(self, step, name, first, before, now, samples, patience: int):
-        """first: (step, value) of the rule's first `window` samples of the series; patience: the steps from the
-        first before "never went down" is judged."""
+    def _judge(self, step, name, first, recent_steps, recent, samples, patience: int):
+        """first: (step, value) of the rule's first `window` samples of the series; recent_steps, recent: its
+        newest 2 x `window` samples; patience: the steps from the first before "never went down" is judged."""
         from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
         # "never went down" waits for `patience` too: a slow start is no fault; a rise is one at any time
         long_enough = samples >= 3 * self.window
         early = step - first[0][0] < patience
+        first_step = float(np.median([s for s, _ in first]))
         first = np.asarray([value for _, value in first])
+        before, now = recent[:self.window], recent[self.window:]
         sigma = _noise(np.concatenate([before, now]))
         below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
         # a change of the windows' medians this large is no noise (medians: one sample of a heavy-tailed loss, a
@@ -199,12 +202,28 @@ class LossNotDecreasing(Rule):
                                    f"over its first {self.window}.", severity="warning" if rising else "error",
                              finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
                              now=float(now.mean()), start=start)
-        if not never_down and not below(now, before) and not below(before, now):
+        if not never_down and not below(before, now) and \
+                _levelled(recent_steps, recent, (start - level) / max(step - first_step, 1.0)):
             return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
                                    f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
                              now=float(now.mean()))
         return None
+
+
+def _levelled(steps: np.ndarray, values: np.ndarray, pace: float) -> bool:
+    """Whether the line through these samples falls, at the most (its fall plus TREND_Z standard errors),
+    LEVELLED times as fast as `pace`, the loss's mean fall per step so far: it has levelled off. Noisy samples
+    that cannot show it say nothing (two windows of batch losses 25 % apart were "levelled off", on a
+    loss falling 4 % an epoch)."""
+    steps = np.asarray(steps, dtype=float)
+    if pace <= 0 or len(steps) < 3 or np.ptp(steps) <= 0:
+        return False
+    centred = steps - steps.mean()
+    slope = float(centred @ (values - values.mean()) / (centred @ centred))
+    residual = values - values.mean() - slope * centred
+    error = float(np.sqrt(residual @ residual / (len(steps) - 2) / (centred @ centred)))
+    return -slope + TREND_Z * error < LEVELLED * pace
 
 
 class _Trend:
@@ -307,6 +326,7 @@ def _warming_up(run, since: int) -> bool:
 
 
 TREND_Z = 1.0  # standard errors of the line's fall added to it: what the samples cannot rule out
+LEVELLED = 0.25  # of the loss's mean fall per step so far: a loss falling slower than this has levelled off
 DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
 SPEEDUP = 2.0  # times the norm's growth over the first half of the steps, over the second: a drift that speeds up
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
