@@ -17,12 +17,15 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_probe_ddp.py"
 RELATIONS = {"workers": "all", "sampling": {"every": 10}, "rules": [{"rule": "training_relations"}]}
 
 
-def probe_ddp(tmp_path, config, *extra, ranks=(0, 1)):
+def probe_ddp(tmp_path, config, *extra, ranks=(0, 1), output=None):
+    """The ranks' results; `output`, a list, receives what the processes printed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(SCRIPT), str(tmp_path / "run"), json.dumps(config), str(tmp_path / "result"),
                            *extra], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if output is not None:
+        output.append(proc.stdout + proc.stderr)
     return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in ranks]
 
 
@@ -63,6 +66,20 @@ def test_a_probe_on_rank_0_alone_makes_no_collective(tmp_path):
     (rank0,) = probe_ddp(tmp_path, config, "--steps", "12", "--probe-ranks", "0", ranks=(0,))
     run = tripwire.open_run(rank0["run_url"])
     assert [v for v in run.verdicts() if v.fired] == [] and "relations/replicas_differ" not in run.tensor_names()
+
+
+def test_a_probe_on_every_rank_without_workers_all_is_told_that_its_ranks_decide_apart(tmp_path):
+    """pytorch's DDP tutorial runs one script on every rank: a probe added to it with the default config is on
+    every rank, and a rank that stops alone would leave the others waiting. Rank 1 says so, once; rank 0 (where
+    a probe alone is what `workers: zero` is for) does not; with `workers: all`, neither."""
+    output = []
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "all").mkdir()
+    probe_ddp(tmp_path / "zero", {**RELATIONS, "workers": "zero"}, "--steps", "3", output=output)
+    probe_ddp(tmp_path / "all", RELATIONS, "--steps", "3", output=output)
+    zero, every = output
+    assert zero.count("a probe on rank 1 of 2 with `workers: zero`") == 1 and "rank 0 of 2" not in zero
+    assert "workers: zero" not in every
 
 
 def test_lightning_ddp_records_equal_replicas_and_stays_silent(tmp_path):

@@ -86,6 +86,7 @@ class TripwireProbe:
         self.model = model
         self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self.config = load_config(config)
+        _warn_ranks_apart(self.config.workers)
         prepare_storage(self.config, out_dir, storage_options)
         self.global_step = 0
         self.should_stop = False
@@ -425,6 +426,20 @@ class TripwireProbe:
 def _several_processes() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _warn_ranks_apart(workers: str) -> None:
+    """A probe on a rank other than 0 under `workers: zero` means a probe on several ranks that do not agree:
+    each decides alone, and a rank that stops (a NaN loss on its own batch) leaves the others waiting in DDP's
+    next collective. Said on that rank, at once; a probe on rank 0 alone (what `workers: zero` is for) is not
+    told anything."""
+    if workers == "all" or not _several_processes() or torch.distributed.get_rank() == 0:
+        return
+    log.warning("tripwire: a probe on rank %d of %d with `workers: zero` in the config: each rank records and "
+                "decides alone, and a rank that stops training leaves the others waiting in the next collective. "
+                "With a probe on every rank, set `workers: all`: the ranks then agree on every stop (and record a "
+                "run each); or make the probe on rank 0 only.", torch.distributed.get_rank(),
+                torch.distributed.get_world_size())
 
 
 def _nonfinite(loss) -> bool:
