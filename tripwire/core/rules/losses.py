@@ -122,7 +122,7 @@ class LossNotDecreasing(Rule):
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
             if verdict is not None and verdict.finding in ("never", "rising"):
-                verdict = self._stuck(run, step, verdict)
+                verdict = self._stuck(run, step, verdict, trend.y)
             if verdict is not None:
                 found.append(verdict)
         return found or None
@@ -147,19 +147,22 @@ class LossNotDecreasing(Rule):
                                                  "nothing cancel out), most of it lately: a slow start, the model "
                                                  "leaving the plateau it began on.")
 
-    def _stuck(self, run, step, verdict):
+    def _stuck(self, run, step, verdict, mean: float):
         """A loss that never went down (or rose) to about what predicting the targets' mean scores under mean
         squared error, or that never went down while the steps move the weights as a healthy step does (the newest
         updates are HEALTHY_STEP of the kernels' norm or more, median; smaller steps are a slow start or a rate
         too low, not evidence about the labels): nothing the model learns from one batch holds for the next.
-        Labels that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`)."""
+        Labels that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`).
+        mean: of every sample the rule saw, where the loss sits when it never went down (its newest five batch
+        losses can stand a quarter off it); a rising loss is read at its newest window."""
         constant = _constant_predictor_loss(run)
-        if constant and abs(verdict.evidence["now"] - constant) <= 0.2 * constant:  # one batch's variance
+        level = mean if verdict.finding == "never" else verdict.evidence["now"]
+        if constant and abs(level - constant) <= 0.2 * constant:  # one batch's variance
             return replace(verdict, finding="stuck", hint=STUCK_HINT,
-                           message=verdict.message + f" That is about what predicting the targets' mean scores "
-                                                     f"under mean squared error (the first batch's variance, "
-                                                     f"{constant:.4g}): the model has learned nothing from its "
-                                                     "inputs.")
+                           message=verdict.message + f" Its level, {level:.4g}, is about what predicting the "
+                                                     "targets' mean scores under mean squared error gives (the "
+                                                     f"first batch's variance, {constant:.4g}): the model has "
+                                                     "learned nothing from its inputs.")
         ratios = sorted(_update_ratios(run))
         if verdict.finding != "never" or not ratios or ratios[len(ratios) // 2] < HEALTHY_STEP:
             return verdict
