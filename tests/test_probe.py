@@ -251,7 +251,8 @@ def test_default_config_on_a_healthy_loop_fires_nothing(tmp_path):
 
 def test_the_model_record_says_how_long_batchnorm_statistics_keep_their_start():
     """An evaluation normalises with BatchNorm's running statistics: torch's momentum 0.1 leaves under 1 % of their
-    initial values after 44 training steps; a cumulative average (momentum None) and LayerNorm keep none."""
+    initial values after 44 training steps; a cumulative average (momentum None) and LayerNorm keep none;
+    momentum 0 keeps them for ever."""
     from tripwire.core.model import ModelInfo
     from tripwire.plugins.torch.structure import describe
 
@@ -263,3 +264,6 @@ def test_the_model_record_says_how_long_batchnorm_statistics_keep_their_start():
     assert ModelInfo.from_dict(model.to_dict()).running_keep == pytest.approx(0.9)
     plain = describe(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, momentum=None)))
     assert plain.running_keep is None and plain.statistics_settled(0)
+    kept = describe(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, momentum=0.0)))
+    assert kept.running_keep == 1.0 and not kept.statistics_settled(10 ** 6)  # momentum 0: never the data's
+    assert ModelInfo.from_dict(kept.to_dict()).running_keep == 1.0  # read the same in a side process

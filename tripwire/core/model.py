@@ -148,7 +148,7 @@ class ModelInfo:
         optimizers = tuple(o for o in optimizers if isinstance(o, str)) if isinstance(optimizers, list) else ()
         scaled = data.get("inputs_scaled", "")
         keep = data.get("running_keep")
-        keep = float(keep) if isinstance(keep, (int, float)) and not isinstance(keep, bool) and 0 <= keep < 1 \
+        keep = float(keep) if isinstance(keep, (int, float)) and not isinstance(keep, bool) and 0 <= keep <= 1 \
             else None
         return cls(str(data.get("name", "")), parameters, activations, optimizers,
                    scaled if isinstance(scaled, str) else "", keep)
