@@ -13,7 +13,9 @@ import numpy as np
 from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from .base import (FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
-                   loss_not_a_fit, of_roles, values_at)
+                   loss_not_a_fit, of_roles)
+from .drift import Drift
+from .trend import Trend, noise
 
 
 @dataclass
@@ -46,9 +48,10 @@ class LossNotDecreasing(Rule):
                  "or more windows in (warning: the loss rises); or it "
                  "is below the first, and the line through the newest two windows falls, plus one standard error, "
                  "less than a quarter as fast as the loss came down on average since the first window (info: it "
-                 "levelled off, training has converged). Not judged while the learning rate is still rising (a warmup), nor on a "
-                 "training loss that is one of several objectives the step trains in turn, each with a backward "
-                 "pass and optimizer steps of its own (a GAN's discriminator and generator: neither need go "
+                 "levelled off, training has converged). Not judged while the learning rate is still rising (a "
+                 "warmup), nor on a training loss that is one of several objectives the step trains in turn, "
+                 "each with a backward pass and optimizer steps of its own (a GAN's discriminator and generator: "
+                 "neither need go "
                  "down; torch, seen at the first step), nor on one whose targets the model computes itself (a "
                  "DQN's from its target network, a momentum encoder's, a teacher's: they move as it trains; "
                  "torch, seen at the first step), nor on one that adds up over a number of forward passes "
@@ -74,9 +77,9 @@ class LossNotDecreasing(Rule):
         self.modes = (checked_mode(self.mode),)
         self._first: dict = {}  # (worker, series) -> the first window's values
         self._count: dict = {}  # (worker, series) -> samples seen (the history in memory holds only the last few)
-        self._drift: dict = {}  # worker -> _Drift: how far the kernels travelled, and how far their norm moved
+        self._drift: dict = {}  # worker -> Drift: how far the kernels travelled, and how far their norm moved
         self._slow_until: dict = {}  # (worker, series) -> the step before which "never went down" is not judged
-        self._trend: dict = {}  # (worker, series) -> _Trend of every sample the rule saw
+        self._trend: dict = {}  # (worker, series) -> Trend of every sample the rule saw
 
     @property
     def history(self):
@@ -88,7 +91,7 @@ class LossNotDecreasing(Rule):
                 FIRST_LABELS]
 
     def check(self, run, step):
-        self._drift.setdefault(run.default_worker, _Drift()).see(run, step)
+        self._drift.setdefault(run.default_worker, Drift()).see(run, step)
         found = []
         names = run.tensor_names(regex=self.tensor_regex, mode=self.mode)
         why = loss_not_a_fit(run) if names else None
@@ -103,7 +106,7 @@ class LossNotDecreasing(Rule):
             key = (run.default_worker, name)
             first = self._first.setdefault(key, [])
             self._count[key] = self._count.get(key, 0) + 1
-            trend = self._trend.setdefault(key, _Trend())
+            trend = self._trend.setdefault(key, Trend())
             if np.isfinite(values[-1]):
                 trend.add(float(steps[-1]), float(values[-1]))
             if len(first) < self.window:
@@ -129,12 +132,12 @@ class LossNotDecreasing(Rule):
 
     def _slow_start(self, step, verdict, key):
         """A loss that has not gone down yet while the kernels drift, faster and faster: their norm has grown by
-        DRIFT or more of the distance their steps travelled since the rule's first sample, and SPEEDUP times as
-        much over the second half of those steps as over the first. Steps that each head the same way add up,
-        and a model leaving the flat plateau a small initialisation or a saddle starts it on does so at a growing
-        pace, before its loss shows it. Steps that learn nothing that holds (labels that do not match the inputs)
-        go every way and cancel, or fit what little they can at a steady pace. A slow start, told at info
-        (finding `slow`); "never went down" then waits as long again."""
+        drift.DRIFT (3 %) or more of the distance their steps travelled since the rule's first sample, and
+        drift.SPEEDUP (2) times as much over the second half of those steps as over the first. Steps that each
+        head the same way add up, and a model leaving the flat plateau a small initialisation or a saddle starts it
+        on does so at a growing pace, before its loss shows it. Steps that learn nothing that holds (labels that
+        do not match the inputs) go every way and cancel, or fit what little they can at a steady pace. A slow
+        start, told at info (finding `slow`); "never went down" then waits as long again."""
         drift = self._drift.get(key[0])
         share = drift.slow_start() if drift is not None else None
         if share is None:
@@ -191,7 +194,7 @@ class LossNotDecreasing(Rule):
         first_step = float(np.median([s for s, _ in first]))
         first = np.asarray([value for _, value in first])
         before, now = recent[:self.window], recent[self.window:]
-        sigma = _noise(np.concatenate([before, now]))
+        sigma = noise(np.concatenate([before, now]))
         below = lambda a, b: float(b.mean() - a.mean()) > self.z * sigma * np.sqrt(1 / len(a) + 1 / len(b))  # noqa
         # a change of the windows' medians this large is no noise (medians: one sample of a heavy-tailed loss, a
         # batch of one, moves a mean far)
@@ -205,118 +208,16 @@ class LossNotDecreasing(Rule):
                                    f"over its first {self.window}.", severity="warning" if rising else "error",
                              finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
                              now=float(now.mean()), start=start)
-        if not never_down and not below(before, now) and \
-                _levelled(recent_steps, recent, (start - level) / max(step - first_step, 1.0)):
+        # levelled off: the newest samples' line falls, at the most, a quarter as fast as the loss came down so far
+        # (noisy samples that cannot show it say nothing: two windows 25 % apart on a loss falling 4 % an epoch)
+        pace = (start - level) / max(step - first_step, 1.0)
+        if not never_down and not below(before, now) and pace > 0 and \
+                Trend(zip(recent_steps, recent)).falls_slower_than(LEVELLED * pace):
             return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
                                    f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
                              now=float(now.mean()))
         return None
-
-
-def _levelled(steps: np.ndarray, values: np.ndarray, pace: float) -> bool:
-    """Whether the line through these samples falls, at the most (its fall plus TREND_Z standard errors),
-    LEVELLED times as fast as `pace`, the loss's mean fall per step so far: it has levelled off. Noisy samples
-    that cannot show it say nothing (two windows of batch losses 25 % apart were "levelled off", on a
-    loss falling 4 % an epoch)."""
-    steps = np.asarray(steps, dtype=float)
-    if pace <= 0 or len(steps) < 3 or np.ptp(steps) <= 0:
-        return False
-    centred = steps - steps.mean()
-    slope = float(centred @ (values - values.mean()) / (centred @ centred))
-    residual = values - values.mean() - slope * centred
-    error = float(np.sqrt(residual @ residual / (len(steps) - 2) / (centred @ centred)))
-    return -slope + TREND_Z * error < LEVELLED * pace
-
-
-class _Trend:
-    """The least-squares line through every (step, value) sample of a series the rule saw, kept as running means and
-    co-moments (Welford's update: O(1) memory, stable at any step count). Two windows of five noisy batch losses
-    say little: their medians can stand 3 % apart on a loss that every sample together shows falling (a logistic
-    regression on soft, randomly weighted targets, 4 % an epoch)."""
-
-    def __init__(self):
-        self.n, self.x, self.y, self.xx, self.xy, self.yy = 0, 0.0, 0.0, 0.0, 0.0, 0.0
-        self.first_step = self.last_step = 0.0
-
-    def add(self, step: float, value: float) -> None:
-        if not self.n:
-            self.first_step = step
-        self.last_step = step
-        self.n += 1
-        dx, dy = step - self.x, value - self.y
-        self.x += dx / self.n
-        self.y += dy / self.n
-        self.xx += dx * (step - self.x)
-        self.xy += dx * (value - self.y)
-        self.yy += dy * (value - self.y)
-
-    def may_have_fallen(self, by: float) -> bool:
-        """Whether the line's fall from the first sample's step to the newest, plus TREND_Z standard errors of it
-        (from the residuals' spread: the batch noise, and any curve the line misses), reaches `by`: the samples do
-        not show that the series stayed within `by` of where it began. A loss that does not move, sampled often
-        enough, has a fall near 0 with a small error; a slow descent, a fall that only gets surer."""
-        if self.n < 3 or self.xx <= 0:
-            return False
-        slope = self.xy / self.xx
-        error = (max(self.yy - slope * self.xy, 0.0) / (self.n - 2) / self.xx) ** 0.5
-        return (TREND_Z * error - slope) * (self.last_step - self.first_step) >= by
-
-
-class _Drift:
-    """How far the kernels' steps travelled since the first sample that held their weights and updates (each
-    sample's update norm times the steps since the one before), and how their norm moved along the way: a drift
-    (the norm moved by a fair share of the travel), not a random walk (by about step / 2‖w‖ of it); and one that
-    speeds up (a model leaving a plateau, faster and faster) or not. The course, (step, norm) at the samples, is
-    kept at no more than 2 × POINTS points (every other one dropped when full)."""
-
-    POINTS = 32
-
-    def __init__(self):
-        self.travelled = 0.0
-        self._course: list = []  # (step, norm) at samples, thinned
-        self._last = None
-
-    @property
-    def first(self) -> float:
-        return self._course[0][1]
-
-    @property
-    def norm(self) -> float:
-        return self._course[-1][1]
-
-    def see(self, run, step: int) -> None:
-        updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
-        weights = values_at(run, step, "l2", ["weights"])
-        pairs = [(weights.get("weights/" + name.split("/", 1)[1]), moved) for name, moved in updates.items()]
-        pairs = [(w, u) for w, u in pairs if w is not None and np.isfinite(w) and np.isfinite(u)]
-        if not pairs:
-            return
-        if self._course:
-            self.travelled += float(np.sqrt(sum(u * u for _, u in pairs))) * max(step - self._last, 0)
-        self._course.append((step, float(np.sqrt(sum(w * w for w, _ in pairs)))))
-        self._last = step
-        if len(self._course) > 2 * self.POINTS:
-            self._course = self._course[:-1:2] + self._course[-1:]
-
-    def slow_start(self) -> float | None:
-        """The norm's change as a share of the travel, where that is DRIFT or more and the norm moved at least
-        SPEEDUP times as far over the second half of the steps since the first sample as over the first half;
-        else None."""
-        if self.travelled <= 0:
-            return None
-        share = (self.norm - self.first) / self.travelled
-        steps, norms = zip(*self._course)
-        middle = float(np.interp((steps[0] + steps[-1]) / 2, steps, norms))
-        if share < DRIFT or self.norm - middle < SPEEDUP * max(middle - self.first, 0.0):
-            return None
-        return share
-
-
-def _noise(values: np.ndarray) -> float:
-    """The spread of a series' samples about its trend: from the median change between neighbours (for independent
-    noise of spread s, the change has median 0.954 s), so a falling loss's own descent does not count as noise."""
-    return float(np.median(np.abs(np.diff(values)))) / 0.954 + 1e-12 * float(np.abs(values).mean())
 
 
 def _warming_up(run, since: int) -> bool:
@@ -328,10 +229,7 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
-TREND_Z = 1.0  # standard errors of the line's fall added to it: what the samples cannot rule out
 LEVELLED = 0.25  # of the loss's mean fall per step so far: a loss falling slower than this has levelled off
-DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
-SPEEDUP = 2.0  # times the norm's growth over the first half of the steps, over the second: a drift that speeds up
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
              "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "
