@@ -47,8 +47,9 @@ class LossNotDecreasing(Rule):
                  "nothing learns), or above it, its median by `min_drop`, three "
                  "or more windows in (warning: the loss rises); or it "
                  "is below the first, and the line through the newest two windows falls, plus one standard error, "
-                 "less than a quarter as fast as the loss came down on average since the first window (info: it "
-                 "levelled off, training has converged). Not judged while the learning rate is still rising (a "
+                 "by less than `min_drop` of the newest window's median and by less than a quarter of what the "
+                 "loss's mean pace since the first window takes off over those steps (info: it levelled off, "
+                 "training has converged). Not judged while the learning rate is still rising (a "
                  "warmup), nor on a training loss that is one of several objectives the step trains in turn, "
                  "each with a backward pass and optimizer steps of its own (a GAN's discriminator and generator: "
                  "neither need go "
@@ -119,8 +120,9 @@ class LossNotDecreasing(Rule):
                                   self._count[key], self._patience(run))
             if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
-            if verdict is not None and verdict.finding == "never" and \
-                    trend.may_have_fallen(self.min_drop * abs(verdict.evidence["start"])):
+            most = trend.fall_at_most()
+            if verdict is not None and verdict.finding == "never" and most is not None and \
+                    most >= self.min_drop * abs(verdict.evidence["start"]):
                 verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
@@ -208,11 +210,14 @@ class LossNotDecreasing(Rule):
                                    f"over its first {self.window}.", severity="warning" if rising else "error",
                              finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
                              now=float(now.mean()), start=start)
-        # levelled off: the newest samples' line falls, at the most, a quarter as fast as the loss came down so far
-        # (noisy samples that cannot show it say nothing: two windows 25 % apart on a loss falling 4 % an epoch)
-        pace = (start - level) / max(step - first_step, 1.0)
-        if not never_down and not below(before, now) and pace > 0 and \
-                Trend(zip(recent_steps, recent)).falls_slower_than(LEVELLED * pace):
+        # levelled off: the newest samples' line falls, at the most, by less than `min_drop` of the level and less
+        # than LEVELLED of what the loss's mean pace so far would take off over those steps. Samples too noisy to
+        # show it say nothing (two windows 25 % apart on a loss falling 4 % an epoch), nor is a booster's training
+        # loss still falling 1.5 % a round levelled, nor a loss falling 30 % every five epochs
+        most = Trend(zip(recent_steps, recent)).fall_at_most()
+        pace = (start - level) / max(step - first_step, 1.0) * float(recent_steps[-1] - recent_steps[0])
+        if not never_down and not below(before, now) and most is not None and \
+                most < min(self.min_drop * abs(level), LEVELLED * pace):
             return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
                                    f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
@@ -229,7 +234,7 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
-LEVELLED = 0.25  # of the loss's mean fall per step so far: a loss falling slower than this has levelled off
+LEVELLED = 0.25  # of what the loss's mean pace so far takes off over the newest samples' steps: levelled below it
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
              "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "

@@ -42,19 +42,12 @@ class Trend:
         slope = self.xy / self.xx
         return slope, (max(self.yy - slope * self.xy, 0.0) / (self.n - 2) / self.xx) ** 0.5
 
-    def may_have_fallen(self, by: float) -> bool:
-        """Whether the line's fall from the first sample's step to the newest, plus TREND_Z standard errors of
-        it, reaches `by`: the samples do not show that the series stayed within `by` of where it began. A series
-        that does not move, sampled often enough, has a fall near 0 with a small error; a slow descent, a fall
-        that only gets surer."""
+    def fall_at_most(self) -> float | None:
+        """The line's fall from the first sample's step to the newest, plus TREND_Z standard errors of it: the
+        most the samples allow (a series that does not move, sampled often enough, has a fall near 0 with a small
+        error; a slow descent, a fall that only gets surer); None below three samples."""
         line = self.line()
-        return line is not None and (TREND_Z * line[1] - line[0]) * (self.last_step - self.first_step) >= by
-
-    def falls_slower_than(self, pace: float) -> bool:
-        """Whether the line falls, at the most (its fall plus TREND_Z standard errors), slower than `pace` per
-        step: samples too noisy to show it say nothing."""
-        line = self.line()
-        return line is not None and -line[0] + TREND_Z * line[1] < pace
+        return None if line is None else (TREND_Z * line[1] - line[0]) * (self.last_step - self.first_step)
 
 
 def noise(values: np.ndarray) -> float:
