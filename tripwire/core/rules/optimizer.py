@@ -56,7 +56,8 @@ class LearningRate(Rule):
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
                  "judged) where no update was measured (measured, the updates decide: gradient clipping caps "
-                 "the steps of a high rate, as pytorch's word language model trains SGD at 20), or one step changed at least `share` of the trainable kernels (zero-initialised ones "
+                 "the steps of a high rate, as pytorch's word language model trains SGD at 20), or one step changed "
+                 "at least `share` of the trainable kernels (zero-initialised ones "
                  "left out) by more than `max_ratio` times their norm (too high; not for an optimizer that searches "
                  "within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
@@ -189,7 +190,8 @@ class UntrainedParameters(Rule):
 
     name = "untrained_parameters"
     condition = ("at the first sampled step: a model none of whose parameters trains or gets a gradient (every "
-                 "one frozen: error); else at the first sampled step with gradients: a parameter received a non-zero gradient but no "
+                 "one frozen: error); else at the first sampled step with gradients: a parameter received a non-zero "
+                 "gradient but no "
                  "optimizer holds it (warning: it was meant to train, and never will); the parameters frozen "
                  "(requires_grad / trainable False), listed once as info")
     hint = ("These parameters get a gradient, but no optimizer holds them, so they never change: the optimizer "
