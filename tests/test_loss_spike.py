@@ -89,6 +89,39 @@ def test_healthy_training_has_no_gradient_spike_and_no_norm_is_computed_unless_a
     assert "metrics/grad_norm" not in tripwire.open_run(probe.run_url).tensor_names()
 
 
+def test_a_gradient_norm_that_climbs_as_the_model_leaves_its_plateau_is_no_spike(tmp_path):
+    """pytorch/tutorials' nn_tutorial CNN (three stride-2 convolutions to 10 channels, ReLU, average pooling; SGD
+    0.1, momentum 0.9): the loss sits at ln 10 for about four epochs, then falls while the gradient norm climbs
+    tenfold in 40 steps and stays there. The level was the window's median, and the values above it that came back
+    were kept out of it: it stayed at the plateau's 0.13 and the climb was told four times as spikes to roll back
+    from."""
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits(n_train=1400, pixels=True)
+    x = torch.nn.functional.pad(torch.tensor(x / 255).reshape(-1, 8, 8).repeat_interleave(3, 1)
+                                .repeat_interleave(3, 2), (2, 2, 2, 2)).reshape(-1, 1, 28, 28)
+    y = torch.tensor(y)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 10, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    with TripwireProbe(net, optimizer, BOTH, out_dir=tmp_path / "run") as probe:
+        for epoch in range(15):
+            for i in torch.randperm(len(y)).split(64):
+                loss = torch.nn.functional.cross_entropy(net(x[i]), y[i])
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                probe.step(loss)
+                losses.append(float(loss))
+    norms = tripwire.open_run(probe.run_url).tensor("metrics/grad_norm").series("value")[1]
+    assert np.mean(losses[:40]) > 2.2 and np.mean(losses[-40:]) < 0.6  # a plateau, then it learns
+    assert np.median(norms[150:250]) > 4 * np.median(norms[:80])  # and its gradient norm climbed to stay
+    assert spikes(probe.verdicts) == spikes(probe.verdicts, "gradient_spike") == []
+
+
 def shifted_module(steps):
     """The digits MLP as a LightningModule whose labels are shifted by 3 at `steps`."""
     import lightning.pytorch as pl

@@ -44,9 +44,11 @@ class LossSpike(Rule):
                  "losses less the recent median), `patience` steps in a row; not once that median is below a "
                  "thousandth of the first losses' (a model that fits its data exactly, where one sample's loss is "
                  "noise around 0). "
-                 "The losses of a spike do not enter the recent level; each spike is told once, at the step "
-                 "`patience` is reached, naming the step it began. Not on a training loss that is one of several "
-                 "objectives the step trains in turn, each with a backward pass and optimizer steps of its own (a "
+                 "The recent level is the median, or, where the window's newer half is higher than its older, "
+                 "the line through their medians at its newest end (a level that climbs); high losses enter it "
+                 "once they come back before `patience` or once their spike is told. Each spike is told once, at "
+                 "the step `patience` is reached, naming the step it began. Not on a training loss that is one of "
+                 "several objectives the step trains in turn, each with a backward pass and optimizer steps of its own (a "
                  "GAN: the discriminator's loss climbs back from near 0 as the generator learns; torch, seen at "
                  "the first step), nor on one whose targets the model computes itself (a DQN's, from its target "
                  "network: they grow as its values do), nor on one that adds up over a number of forward passes "
@@ -121,8 +123,10 @@ class GradientSpike(LossSpike):
 
 
 class SpikeWatch:
-    """LossSpike's look at every step: a ring of the recent finite losses, their median and spread recomputed every
-    tenth step (about 10 us), and one comparison per step."""
+    """LossSpike's look at every step: a ring of the recent finite losses, their level and spread recomputed every
+    tenth value (about 10 us), and one comparison per step. A run of high values waits outside the ring until it
+    comes back (then it was noise, and joins) or reaches `patience` (a spike, told once; it and what follows while
+    the series stays high join, so that the level follows the series to where it now is)."""
 
     REFRESH = 10
     FITTED = 1e-3  # a recent level below this share of the first one: the data fit exactly, not judged
@@ -140,27 +144,47 @@ class SpikeWatch:
         self._level = 0.0
         self._since_refresh = 0
         self._high: list = []  # (step, value) of the high losses in a row so far
+        self._told = False  # the values are in a spike already told
         self._first_level: float | None = None  # the median of the first values judged against
 
     def see(self, step: int, value: float) -> dict | None:
         if not math.isfinite(value):
             return None
-        if self._limit is not None and value > self._limit:
-            self._high.append((step, value))
-            if len(self._high) == self.patience:
-                return {"value": value, "level": self._level, "limit": self._limit, "began": self._high[0][0]}
+        high = self._limit is not None and value > self._limit
+        if high and self._told:  # the spike told goes on: the level follows the series to where it now is
+            self._admit([(step, value)])
             return None
+        self._told = False
+        if high:
+            self._high.append((step, value))
+            if len(self._high) < self.patience:
+                return None
+            found = {"value": value, "level": self._level, "limit": self._limit, "began": self._high[0][0]}
+            self._admit(self._high)
+            self._high, self._told = [], True
+            return found
+        # a run of high values that came back before `patience` was no spike: the series' own noise, or a level
+        # that rises as a model leaves a plateau; kept out, it would hold the level where it was (censored)
+        self._admit(self._high + [(step, value)])
         self._high = []
-        self._recent.append(value)
+        return None
+
+    def _admit(self, values: list) -> None:
+        """Values into the recent level, which is recomputed every REFRESH values."""
+        self._recent.extend(value for _, value in values)
         del self._recent[:-self.window]
-        self._since_refresh += 1
+        self._since_refresh += len(values)
         if len(self._recent) >= self.min_seen and (self._limit is None or self._since_refresh >= self.REFRESH):
             self._refresh()
-        return None
 
     def _refresh(self) -> None:
         recent = np.asarray(self._recent)
-        level = float(np.median(recent))
+        # where the series climbs through the window (a model leaving a plateau: its gradient norm grows tenfold in
+        # tens of steps while its loss falls), the level is where the climb has got to, not the window's median,
+        # which trails it by half a window: the line through the medians of the window's halves, at its newest end
+        halves = np.array_split(recent, 2)
+        older, newer = float(np.median(halves[0])), float(np.median(halves[1]))
+        level = max(float(np.median(recent)), newer + (newer - older) / 2)
         spread = 1.4826 * float(np.median(np.abs(recent - level)))
         self._level, self._since_refresh = level, 0
         if self._first_level is None:
