@@ -171,6 +171,8 @@ def test_frozen_layers_are_listed_once_as_info(tmp_path):
     helpers.fit(callback, module, max_epochs=1)
     fired = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
     assert [(v.finding, v.severity) for v in fired] == [("frozen", "info")] and "net.0" in fired[0].message
+    # its hint is about freezing, not the warning's "they get a gradient, but no optimizer holds them"
+    assert "Frozen layers keep the values they started with" in fired[0].hint and "no optimizer" not in fired[0].hint
 
 
 # -- NaN at the step it appears -------------------------------------------------------------------------------------------

@@ -218,8 +218,12 @@ class LossNotDecreasing(Rule):
         pace = (start - level) / max(step - first_step, 1.0) * float(recent_steps[-1] - recent_steps[0])
         if not never_down and not below(before, now) and most is not None and \
                 most < min(self.min_drop * abs(level), LEVELLED * pace):
-            return self.fire(step, f"{name} levelled off at {now.mean():.4g} (the {self.window} samples before: "
-                                   f"{before.mean():.4g}), after going down from {first.mean():.4g}.",
+            # told in the statistic that showed the fall: a heavy-tailed loss (a batch of four) can go down in its
+            # median while one sample keeps its newest mean above the first's
+            typical = np.mean if now.mean() < first.mean() else np.median
+            return self.fire(step, f"{name} levelled off at {typical(now):.4g} (the {self.window} samples before: "
+                                   f"{typical(before):.4g}), after going down from {typical(first):.4g}"
+                                   f"{'' if typical is np.mean else ' (medians)'}.",
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
                              now=float(now.mean()))
         return None

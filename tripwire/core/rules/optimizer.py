@@ -184,6 +184,12 @@ NOTHING_TRAINS_HINT = ("Every parameter is frozen. Likely causes: `model.trainab
                        "with requires_grad before training.")
 
 
+FROZEN_HINT = ("Frozen layers keep the values they started with: right for a pretrained base you fine-tune on top "
+               "of, wrong for layers meant to learn (random weights stay random). Try, where they were meant to "
+               "train: set requires_grad / trainable back on them, then build the optimizer (or compile the model) "
+               "again so that it holds them.")
+
+
 @dataclass
 class UntrainedParameters(Rule):
     """Parameters that get a gradient no optimizer applies, and parameters left frozen."""
@@ -239,5 +245,5 @@ class UntrainedParameters(Rule):
             found.append(self.fire(step, f"{len(frozen)} layer(s) are frozen (none of their parameters trains): "
                                          f"{', '.join(frozen[:8])}{' …' if len(frozen) > 8 else ''}. If that was not "
                                          "meant, unfreeze them and rebuild the optimizer.", severity="info",
-                                   finding="frozen", layers=frozen))
+                                   finding="frozen", layers=frozen, hint=FROZEN_HINT))
         return found or None
