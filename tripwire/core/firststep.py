@@ -50,6 +50,9 @@ class Labels:
     distinct: int  # distinct values (counted up to 1000)
     one_hot: bool  # rows of zeros with a single one
     variance: float | None = None  # of the finite values: what predicting their mean scores under squared error
+    # where every value lies in [0, 1]: their mean binary entropy, what predicting each exactly scores under binary
+    # cross-entropy (its floor: 0 for labels of 0 and 1, well above it for soft targets, ratings scaled to [0, 1])
+    entropy: float | None = None
 
     @classmethod
     def of(cls, array) -> Labels | None:
@@ -63,9 +66,13 @@ class Labels:
             return None
         one_hot = a.ndim >= 2 and a.shape[-1] >= 2 and bool(np.all((values == 0) | (values == 1))) and \
             bool(np.all(values.sum(axis=-1) == 1))
+        entropy = None
+        if finite.min() >= 0 and finite.max() <= 1:
+            p = finite[(finite > 0) & (finite < 1)]  # a label of 0 or 1 has none
+            entropy = float(np.sum(-(p * np.log(p) + (1 - p) * np.log1p(-p))) / finite.size)
         return cls(str(a.dtype), tuple(int(d) for d in a.shape), float(finite.min()), float(finite.max()),
                    bool(np.all(finite == np.round(finite))), min(len(np.unique(finite)), 1000), one_hot,
-                   float(finite.var()))
+                   float(finite.var()), entropy)
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,12 @@ class LossNotDecreasing(Rule):
                  "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
                  "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
                  "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
-                 "training begin) nor its median `min_drop` of the first's lower, three or more windows and "
+                 "training begin) nor its median `min_drop` of the first's lower (of the way from the first's to "
+                 "the loss's floor, where the targets tell it: under binary cross-entropy, the first batch's "
+                 "targets' mean binary entropy, 0 for labels of 0 and 1), three or more windows and "
                  "`min_steps` steps in, or for a first batch of fewer than `full_batch` samples `full_batch` / its "
                  "size times as many steps, and the fall of the least-squares line through every sample the rule "
-                 "saw, plus one standard error, is less than `min_drop` of the first window's median (error: "
+                 "saw, plus one standard error, is less than `min_drop` of that (error: "
                  "nothing learns), or above it, its median by `min_drop`, three "
                  "or more windows in (warning: the loss rises); or it "
                  "is below the first, and the fall of the line through the newest two windows, plus one standard "
@@ -116,13 +118,14 @@ class LossNotDecreasing(Rule):
             if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
+            floor = _floor(run) if name == "losses/train" else None
             verdict = self._judge(step, name, first, steps[-2 * self.window:], values[-2 * self.window:],
-                                  self._count[key], self._patience(run))
+                                  self._count[key], self._patience(run), floor)
             if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
             most = trend.fall_at_most()
             if verdict is not None and verdict.finding == "never" and most is not None and \
-                    most >= self.min_drop * abs(verdict.evidence["start"]):
+                    most >= self.min_drop * _room(verdict.evidence["start"], verdict.evidence.get("floor")):
                 verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
@@ -186,9 +189,10 @@ class LossNotDecreasing(Rule):
                  if use.labels is not None and use.labels.shape and use.labels.shape[0] > 0]
         return self.min_steps * max(1, -(-self.full_batch // min(sizes))) if sizes else self.min_steps
 
-    def _judge(self, step, name, first, recent_steps, recent, samples, patience: int):
+    def _judge(self, step, name, first, recent_steps, recent, samples, patience: int, floor: float | None):
         """first: (step, value) of the rule's first `window` samples of the series; recent_steps, recent: its
-        newest 2 x `window` samples; patience: the steps from the first before "never went down" is judged."""
+        newest 2 x `window` samples; patience: the steps from the first before "never went down" is judged;
+        floor: the least the loss can reach, where its targets tell (_floor), else None."""
         from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
         # "never went down" waits for `patience` too: a slow start is no fault; a rise is one at any time
         long_enough = samples >= 3 * self.window
@@ -202,14 +206,16 @@ class LossNotDecreasing(Rule):
         # batch of one, moves a mean far)
         level, start = float(np.median(now)), float(np.median(first))
         margin = self.min_drop * abs(start)
-        never_down = not below(now, first) and level > start - margin
+        never_down = not below(now, first) and level > start - self.min_drop * _room(start, floor)
         rising = below(first, now) and level > start + margin
         if never_down and from_start and long_enough and (rising or not early):
             return self.fire(step, f"{name} {'rose' if rising else 'has not gone down'} since training began: "
                                    f"{now.mean():.4g} over its last {self.window} samples against {first.mean():.4g} "
-                                   f"over its first {self.window}.", severity="warning" if rising else "error",
+                                   f"over its first {self.window}{FLOOR_NOTE.format(floor) if floor else ''}.",
+                             severity="warning" if rising else "error",
                              finding="rising" if rising else "never", tensor=name, first=float(first.mean()),
-                             now=float(now.mean()), start=start)
+                             now=float(now.mean()), start=start,
+                             **({"floor": floor} if floor is not None else {}))
         # levelled off: the newest samples' line falls, at the most, by less than `min_drop` of the level and less
         # than LEVELLED of what the loss's mean pace so far would take off over those steps. Samples too noisy to
         # show it say nothing (two windows 25 % apart on a loss falling 4 % an epoch), nor is a booster's training
@@ -238,6 +244,7 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
+FLOOR_NOTE = " (the least it can reach is {:.4g}, its targets' own entropy)"
 LEVELLED = 0.25  # of what the loss's mean pace so far takes off over the newest samples' steps: levelled below it
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
@@ -260,6 +267,24 @@ def _constant_predictor_loss(run) -> float | None:
     if len(uses) != 1 or uses[0].loss != "mse_loss" or uses[0].labels is None:
         return None
     return uses[0].labels.variance or None
+
+
+def _floor(run) -> float | None:
+    """The least the training loss can reach, where its targets say: under binary cross-entropy, the targets' mean
+    binary entropy (0 for labels of 0 and 1; ratings scaled to [0, 1] keep the loss of a perfect model near 0.5,
+    and one that learns goes from ln 2 to 0.6: 4 % in the rule's first 850 steps, 30 % of the way to its floor).
+    From the first batch's targets, where the step's one loss is binary cross-entropy; None otherwise."""
+    first = run.first_step
+    uses = first.losses if first is not None else ()
+    if len(uses) != 1 or uses[0].kind != "binary" or uses[0].reads not in ("logits", "probabilities") or \
+            uses[0].labels is None or uses[0].labels.entropy is None or uses[0].terms is not None:
+        return None
+    return uses[0].labels.entropy
+
+
+def _room(start: float, floor: float | None) -> float:
+    """How far a loss that starts at `start` can go down: to its floor where known and below the start."""
+    return start - floor if floor is not None and floor < start else abs(start)
 
 
 def _update_ratios(run) -> list[float]:
