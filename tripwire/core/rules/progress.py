@@ -30,7 +30,9 @@ class OscillatingLoss(Rule):
                  "difference is at least `amplitude` times the series' scale number at least `rate` × the samples. "
                  "The scale is the larger of its median and how far it came down from its first value: a swing "
                  "relative to its level, so neither the noise of a small validation set nor that of a loss near 0 "
-                 "after a long descent counts")
+                 "after a long descent counts. An evaluation series is not judged to oscillate while the training "
+                 "loss (its mean between evaluations, three or more) has not swung once by `amplitude` of its own "
+                 "scale: the validation loss alone swings with its own noise")
     hint = ("The loss oscillates instead of converging. Likely causes: a learning rate too high, a batch size "
             "too small, momentum too high, an unsuitable output activation or loss. Try: lower the learning rate "
             "(or decay it), increase the batch size, reduce momentum, check that the last layer and the loss "
@@ -58,13 +60,30 @@ class OscillatingLoss(Rule):
                 continue
             if not np.all(np.isfinite(values)):
                 continue
-            scale = max(float(np.median(np.abs(values))), float(values[0] - values.min()))
-            large = int(np.sum(_swings(values) >= self.amplitude * scale))
-            if large >= self.rate * len(values):
+            large = self._large_swings(values)
+            if large >= self.rate * len(values) and not self._training_steady(run, name, step):
                 return self.fire(step, f"{name} swung by at least {self.amplitude:.0%} of its scale {large} times "
                                        f"over its last {len(values)} samples (limit {self.rate:.0%} of them).",
                                  finding=name, tensor=name, swings=large, samples=len(values))
         return None
+
+    def _large_swings(self, values: np.ndarray) -> int:
+        scale = max(float(np.median(np.abs(values))), float(values[0] - values.min()))
+        return int(np.sum(_swings(values) >= self.amplitude * scale))
+
+    def _training_steady(self, run, name: str, step: int) -> bool:
+        """Whether an evaluation series swings while the training loss, its mean between evaluations, has not
+        swung once by `amplitude` of its scale: what the hint blames (a learning rate too high, momentum, a batch
+        too small) unsettles the training itself; swings of the validation loss alone are its own noise (a few
+        hundred samples, a few confident mistakes: 0.13 -> 0.19 -> 0.13 at 97 % accuracy) or the start of an
+        overfit, which overfit judges."""
+        if self.mode != "eval":
+            return False
+        found = train_means_at_evals(run, name, "losses/train", step)
+        if found is None:
+            return False
+        train = found[2][np.isfinite(found[2])]
+        return len(train) >= 3 and self._large_swings(train) == 0
 
 
 def _swings(v: np.ndarray) -> np.ndarray:
