@@ -45,7 +45,8 @@ class Overfit(Rule):
                  "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
                  "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
                  "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
-                 "the best evaluation; or, for a classifier of C classes (from the first step's loss), the validation "
+                 "the best evaluation, nor the learning rate higher than then (a schedule that raised it: a "
+                 "one-cycle, a warm restart); or, for a classifier of C classes (from the first step's loss), the validation "
                  "loss has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought "
                  "no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
                  "first value (labels that do not match their inputs), judged once the training steps have left "
@@ -79,13 +80,13 @@ class Overfit(Rule):
             return None
         found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
         seen = self._seen.setdefault(run.default_worker, _Evaluations(self.patience))
-        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan)
+        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan, _rate(run, step))
         if not seen.full:
             return None
         chance = _chance(run)
         train_now = seen.recent[-1][2]
-        recent = [value for _, value, _ in seen.recent]
-        best, best_step, train_at_best = seen.best
+        recent = [value for _, value, _, _ in seen.recent]
+        best, best_step, train_at_best, rate_at_best = seen.best
         # judged once it stopped coming down: a validation loss still falling towards chance (from a huge first
         # value, raw inputs) is learning, however slowly
         # BatchNorm's running statistics, which an evaluation normalises with, hold their initial values for
@@ -106,6 +107,11 @@ class Overfit(Rule):
             return None  # not above its best throughout, or coming back down (a bump from a noisy step)
         if math.isfinite(train_at_best) and math.isfinite(train_now) and train_now > train_at_best:
             return None  # both rise: not overfitting (the loss rules see a training that diverges)
+        if seen.recent[-1][3] > rate_at_best:
+            # the schedule raised the learning rate since the best (a one-cycle's climb, a warm restart): the
+            # validation loss of a model under BatchNorm at ten times the rate jumps (1.98 -> 4.83) and comes back
+            # below its best as the rate comes down; what it shows is the step size, not a fit of the training set
+            return None
         return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
                                f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
                                "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
@@ -116,6 +122,16 @@ CHANCE_HINT = ("The validation loss never beats guessing while the training loss
                "column, a misaligned join), or validation data of another kind than the training data. Try: check "
                "that each sample keeps its own label through loading and shuffling; look at a few samples and "
                "their labels.")
+
+
+def _rate(run, step: int) -> float:
+    """The first parameter group's learning rate at `step` (its newest sample at or before it); NaN where the run
+    does not hold it (XGBoost, a config without the optimizer collection)."""
+    if "optimizer/lr" not in run.tensor_names("optimizer", mode="train"):
+        return math.nan
+    steps, rates = run.tensor("optimizer/lr").series(mode="train")
+    i = int(np.searchsorted(steps, step, side="right")) - 1
+    return float(rates[i]) if i >= 0 else math.nan
 
 
 def _chance(run) -> tuple[float, int] | None:
@@ -140,23 +156,23 @@ class _Evaluations:
         self.first_step = -1
         self.lowest = math.inf  # of every evaluation so far
         self.first_train = math.nan  # the first training loss known at an evaluation
-        self.best = (math.inf, -1, math.nan)  # (value, step, training loss)
+        self.best = (math.inf, -1, math.nan, math.nan)  # (value, step, training loss, learning rate)
         self.before = math.nan
-        self.recent: list = []  # (step, value, training loss), oldest first
+        self.recent: list = []  # (step, value, training loss, learning rate), oldest first
         self.earlier = 0  # evaluations before the newest `patience`
 
-    def add(self, step: int, value: float, train: float) -> None:
+    def add(self, step: int, value: float, train: float, rate: float) -> None:
         if self.first is None:
             self.first, self.first_step = value, step
         self.lowest = min(self.lowest, value)
         if math.isnan(self.first_train):
             self.first_train = train
-        self.recent.append((step, value, train))
+        self.recent.append((step, value, train, rate))
         if len(self.recent) > self.patience:
-            old_step, old, old_train = self.recent.pop(0)
+            old_step, old, old_train, old_rate = self.recent.pop(0)
             self.before, self.earlier = old, self.earlier + 1
             if old < self.best[0]:
-                self.best = (old, old_step, old_train)
+                self.best = (old, old_step, old_train, old_rate)
 
     @property
     def full(self) -> bool:
