@@ -357,10 +357,11 @@ def test_zero_gradients_of_a_model_that_fits_its_data_exactly_are_convergence(lo
     assert [bool(f) for f in found] == [fires, fires]
 
 
-def recommender_fit(out, steps=1000, shuffled=False):
+def recommender_fit(out, steps=1000):
     """keras.io's collaborative-filtering recipe in a plain loop: user and movie embeddings (50, He-normal) and
-    biases, sigmoid(the embeddings' dot product + biases) under binary cross-entropy against ratings of 0.5-5 stars scaled to [0, 1]
-    (users and movies differ in mean rating, plus a low-rank taste), Adam 1e-3, batches of 64."""
+    biases, sigmoid(the embeddings' dot product + biases) under binary cross-entropy against ratings of 0.5-5
+    stars scaled to [0, 1] (users and movies differ in mean rating, plus a low-rank taste), Adam 1e-3, batches of
+    64."""
     rng = np.random.default_rng(0)
     users, movies, n = 600, 900, 60000
     taste_u, taste_m = rng.normal(size=(users, 4)), rng.normal(size=(movies, 4))
@@ -368,8 +369,6 @@ def recommender_fit(out, steps=1000, shuffled=False):
     stars = np.clip(np.round(2 * (3.5 + rng.normal(0, 0.45, users)[u] + rng.normal(0, 0.55, movies)[m]
                                   + 0.25 * (taste_u[u] * taste_m[m]).sum(1) + rng.normal(0, 0.7, n))) / 2, 0.5, 5)
     y = torch.tensor((stars - 0.5) / 4.5, dtype=torch.float32)
-    if shuffled:
-        y = y[torch.randperm(n, generator=torch.Generator().manual_seed(0))]
     u, m = torch.tensor(u), torch.tensor(m)
     torch.manual_seed(0)
 
