@@ -47,8 +47,8 @@ class Overfit(Rule):
                  "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
                  "the best evaluation, nor the learning rate higher than then (a schedule that raised it: a "
                  "one-cycle, a warm restart); or, for a classifier of C classes (from the first step's loss), the "
-                 "validation loss has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought "
-                 "no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
+                 "validation loss has not once been below `at_chance` times ln C, and its newest `patience` "
+                 "evaluations brought no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
                  "first value (labels that do not match their inputs), judged once the training steps have left "
                  "less than 1% of BatchNorm's initial running statistics (an evaluation normalises with them)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
