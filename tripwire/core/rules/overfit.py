@@ -39,18 +39,18 @@ class Overfit(Rule):
     name = "overfit"
     limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
     modes = ("eval",)
-    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its "
-                 "best before them by more than `min_delta` of that best, more than its own noise (the median change "
-                 "from one evaluation to the next) and more than `give_back` of what it had come down from its first "
+    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its best"
+                 " before them by more than `min_delta` of that best, more than its own noise (the median change from "
+                 "one evaluation to the next) and more than `give_back` of what it had come down from its first "
                  "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
                  "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
-                 "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at "
-                 "the best evaluation, nor the learning rate higher than then (a schedule that raised it: a "
-                 "one-cycle, a warm restart); or, for a classifier of C classes (from the first step's loss), the "
-                 "validation loss has not once been below `at_chance` times ln C, and its newest `patience` "
-                 "evaluations brought no new low (one still falling is learning), while the training loss fell by `min_delta` of its "
-                 "first value (labels that do not match their inputs), judged once the training steps have left "
-                 "less than 1% of BatchNorm's initial running statistics (an evaluation normalises with them)")
+                 "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at the "
+                 "best evaluation, nor the learning rate higher than then (a schedule that raised it: a one-cycle, a "
+                 "warm restart); or, for a classifier of C classes (from the first step's loss), the validation loss "
+                 "has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new"
+                 " low (one still falling is learning), while the training loss fell by `min_delta` of its first value"
+                 " (labels that do not match their inputs), judged once the training steps have left less than 1% of "
+                 "BatchNorm's initial running statistics (an evaluation normalises with them)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
