@@ -514,3 +514,21 @@ def test_a_validation_loss_that_jumps_while_a_one_cycle_raises_the_rate_is_no_ov
     # the jump at the top of the cycle (1.94 -> 4.26, above 1.94 for eight evaluations), then well below it
     assert max(val_loss) > 2 * min(val_loss[:5]) and val_loss[-1] < 0.5 * min(val_loss[:5])
     assert [v.message for v in callback.verdicts if v.counts] == []
+
+
+def test_stochastic_weight_averaging_s_batchnorm_pass_is_no_step_without_gradients(tmp_path):
+    """Lightning's StochasticWeightAveraging ends with one more epoch of forwards that recompute BatchNorm's
+    statistics for the averaged weights, backward skipped by design; its one optimizer step had nothing to apply,
+    and training_relations told it as an error (an optimizer stepping without gradients)."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    callback = TripwireCallback({"rules": ["training_relations"], "sampling": {"every": 1}}, out_dir=tmp_path / "run")
+    module = bn_module()
+    trainer = helpers.fit(callback, module, max_epochs=4,
+                          callbacks=[StochasticWeightAveraging(swa_lrs=1e-3, swa_epoch_start=2)])
+    assert trainer.current_epoch == 5  # the extra epoch ran
+    (_, _), (xv, yv) = helpers.digits()
+    module.eval()
+    with torch.no_grad():  # the averaged weights, with their statistics, learned
+        assert (module.net(torch.tensor(xv)).argmax(1).numpy() == yv).mean() > 0.8
+    assert [v.message for v in callback.verdicts if v.counts] == []

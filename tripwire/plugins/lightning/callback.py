@@ -358,6 +358,7 @@ class TripwireCallback(*_callback_bases()):
         if self._norms is not None:
             self._norms.see(trainer.global_step, optimizer, self._recorder)
         if self._capture is not None and self._sampled:
+            self._capture.backward = not getattr(trainer.fit_loop, "_skip_backward", False)  # SWA's BatchNorm pass
             self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

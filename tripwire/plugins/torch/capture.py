@@ -64,6 +64,10 @@ class TorchCapture:
         self._told_cut = False  # the parameters cut off from the loss were named in the log
         self._sharded: dict = {}  # name -> the reductions asked of a tensor sharded across the ranks (FSDP)
         self._effect = StepEffect()  # what this sample's optimizer steps had to apply and did (relations)
+        # False where the framework itself runs the step being captured without a backward pass, by design
+        # (Lightning's StochasticWeightAveraging ends with an epoch of forwards that recompute BatchNorm's statistics
+        # for the averaged weights): whether it had gradients to apply, or reached every parameter, is not judged
+        self.backward = True
 
     # -- phases ---------------------------------------------------------------------------------------------------
     def begin(self, mode: str, step: int) -> bool:
@@ -73,6 +77,7 @@ class TorchCapture:
             return False
         self.active = {c.name: c for c in collections}
         self.mode, self.step, self._stepped, self._ran, self._late = mode, step, False, set(), []
+        self.backward = True
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         self._effect = StepEffect()  # nothing left over from a sample that ended without end() (closed in a step)
         self._budget = self._new_budget() if self._new_budget is not None else None
@@ -103,7 +108,7 @@ class TorchCapture:
             return
         # a step that evaluates a closure itself (LBFGS) has no gradients of its own yet, and ends without an
         # update once converged: its relations are not judged
-        if "relations" in self.active and optimizer is not None and not gradients_later and \
+        if "relations" in self.active and optimizer is not None and not gradients_later and self.backward and \
                 not isinstance(_real(optimizer), torch.optim.LBFGS):
             rates = {id(p): g.get("lr") for g in _real(optimizer).param_groups for p in g["params"]}
             self._effect.before(_real(optimizer), [param for _, param, _ in self._parameters_of(optimizer)], rates)
@@ -183,7 +188,7 @@ class TorchCapture:
         critic trains), not judged."""
         path, self._path = self._path, None
         path.remove()
-        if self._cleared is None or ran is None and len(self._stepping) > 1:
+        if self._cleared is None or ran is None and len(self._stepping) > 1 or not self.backward:
             return
         stepped = {key: p for o, params in self._stepping.items() if ran is None or o in ran
                    for key, p in params.items()}
