@@ -50,7 +50,8 @@ class Overfit(Rule):
                  "has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new"
                  " low (one still falling is learning), while the training loss fell by `min_delta` of its first value"
                  " (labels that do not match their inputs), judged once the training steps have left less than 1% of "
-                 "BatchNorm's initial running statistics (an evaluation normalises with them)")
+                 "BatchNorm's initial running statistics (an evaluation normalises with them; the best a "
+                 "validation loss rises from is one of an evaluation made after that too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -80,20 +81,22 @@ class Overfit(Rule):
             return None
         found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
         seen = self._seen.setdefault(run.default_worker, _Evaluations(self.patience))
-        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan, _rate(run, step))
+        # BatchNorm's running statistics, which an evaluation normalises with, hold their initial values for
+        # hundreds of steps at Keras' momentum 0.99: until then validation reads them more than the model (chance
+        # on a model that learns; a best, at step 120, that a model at 50 % accuracy is 'above' at step 320)
+        settled = run.model is None or run.model.statistics_settled(step)
+        seen.add(step, float(val[-1]), float(found[2][-1]) if found is not None else math.nan, _rate(run, step),
+                 settled)
         if not seen.full:
             return None
         chance = _chance(run)
         train_now = seen.recent[-1][2]
-        recent = [value for _, value, _, _ in seen.recent]
+        recent = [value for _, value, _, _, _ in seen.recent]
         best, best_step, train_at_best, rate_at_best = seen.best
         # judged once it stopped coming down: a validation loss still falling towards chance (from a huge first
         # value, raw inputs) is learning, however slowly
-        # BatchNorm's running statistics, which an evaluation normalises with, hold their initial values for
-        # hundreds of steps at Keras' momentum 0.99: until then validation can read chance on a model that learns
-        settled = run.model is None or run.model.statistics_settled(step)
-        if chance is not None and settled and seen.lowest >= self.at_chance * chance[0] and min(recent) >= best \
-                and train_now < (1 - self.min_delta) * seen.first_train:
+        if chance is not None and settled and seen.lowest >= self.at_chance * chance[0] and \
+                min(recent) >= seen.lowest_before and train_now < (1 - self.min_delta) * seen.first_train:
             return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
                                    f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
                                    f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "
@@ -101,6 +104,8 @@ class Overfit(Rule):
                                    "other data.", finding="chance", hint=CHANCE_HINT, onset=seen.first_step,
                              chance=chance[0],
                              lowest=seen.lowest, train=train_now)
+        if best_step < 0:
+            return None  # no evaluation with settled statistics before the newest `patience`
         noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
         margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
         if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
@@ -147,31 +152,36 @@ def _chance(run) -> tuple[float, int] | None:
 
 
 class _Evaluations:
-    """What overfit keeps of one worker's evaluations: the first value, the best before the newest `patience`
-    (with its step and the training loss then), the value just before them, and the newest `patience`."""
+    """What overfit keeps of one worker's evaluations: the first value, the lowest, the lowest before the newest
+    `patience` and the best among those with settled statistics (with its step, the training loss and the learning
+    rate then), the value just before them, and the newest `patience`."""
 
     def __init__(self, patience: int):
         self.patience = patience
         self.first: float | None = None
         self.first_step = -1
         self.lowest = math.inf  # of every evaluation so far
+        self.lowest_before = math.inf  # of every evaluation before the newest `patience`
         self.first_train = math.nan  # the first training loss known at an evaluation
         self.best = (math.inf, -1, math.nan, math.nan)  # (value, step, training loss, learning rate)
         self.before = math.nan
-        self.recent: list = []  # (step, value, training loss, learning rate), oldest first
+        self.recent: list = []  # (step, value, training loss, learning rate, settled), oldest first
         self.earlier = 0  # evaluations before the newest `patience`
 
-    def add(self, step: int, value: float, train: float, rate: float) -> None:
+    def add(self, step: int, value: float, train: float, rate: float, settled: bool = True) -> None:
+        """settled: the evaluation normalised with BatchNorm statistics that hold little of their initial values
+        (or the model has none); only such an evaluation can be the best a later one rose from."""
         if self.first is None:
             self.first, self.first_step = value, step
         self.lowest = min(self.lowest, value)
         if math.isnan(self.first_train):
             self.first_train = train
-        self.recent.append((step, value, train, rate))
+        self.recent.append((step, value, train, rate, settled))
         if len(self.recent) > self.patience:
-            old_step, old, old_train, old_rate = self.recent.pop(0)
+            old_step, old, old_train, old_rate, old_settled = self.recent.pop(0)
             self.before, self.earlier = old, self.earlier + 1
-            if old < self.best[0]:
+            self.lowest_before = min(self.lowest_before, old)
+            if old_settled and old < self.best[0]:
                 self.best = (old, old_step, old_train, old_rate)
 
     @property
