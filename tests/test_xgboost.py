@@ -172,6 +172,28 @@ def test_a_sane_model_fires_nothing(tmp_path):
     assert run.steps() == list(range(20)) and booster.num_boosted_rounds() == 20
 
 
+@pytest.mark.parametrize("slope, trees", [(1.0, False), (1.0, True), (100.0, True)])
+def test_a_booster_whose_trees_never_split_is_told_at_once(tmp_path, slope, trees):
+    """reg:pseudohubererror on diabetes targets (25-346) with huber_slope 1 (XGBoost's default): the hessian falls
+    as the cube of slope / residual, no split keeps min_child_weight of it on each side, every round adds one leaf
+    and the training loss stays the same number. loss_not_decreasing waited its 300 steps of a slow start: it
+    never came in 100 rounds. A series that has not moved at all is told at once; where the trees are captured, as
+    a booster that never splits. At huber_slope 100 the trees split and the model learns: silent."""
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    config = {"collections": {"trees": {}}, "rules": ["loss_not_decreasing"]} if trees else None
+    _, cb, result = train(x, y, {"objective": "reg:pseudohubererror", "huber_slope": slope}, 100, 330,
+                          config=config, out_dir=tmp_path / "run")
+    told = [(v.step, v.severity, v.finding) for v in cb.verdicts if v.rule == "loss_not_decreasing" and v.counts]
+    if slope == 100.0:
+        assert result["train"]["mphe"][-1] < 0.5 * result["train"]["mphe"][0] and told == []
+        assert result["val"]["mphe"][-1] < 0.95 * result["val"]["mphe"][0]
+    else:
+        assert len(set(result["train"]["mphe"])) == 1  # not one round changed the model
+        assert told == [(14, "error", "no_splits" if trees else "never")]
+
+
 def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):
     x, y = noisy()
     # overfit is a warning: `stop` acts on errors unless told to act on warnings too

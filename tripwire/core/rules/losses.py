@@ -37,36 +37,34 @@ class LossNotDecreasing(Rule):
     name = "loss_not_decreasing"
     limits = {"window": COUNT, "min_drop": SHARE, "min_steps": COUNT, "full_batch": COUNT}
     condition = ("for a series matching `tensor_regex` (in `mode`), with windows of `window` samples and a change "
-                 "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss "
-                 "is noisy; its spread is taken from the changes between neighbouring samples): the newest window "
-                 "is not below the run's first (which holds step 0: a fit that continues a run has not seen "
-                 "training begin) nor its median `min_drop` of the first's lower (of the way from the first's to "
-                 "the loss's floor, where the targets tell it: under binary cross-entropy, the first batch's "
-                 "targets' mean binary entropy, 0 for labels of 0 and 1), three or more windows and "
-                 "`min_steps` steps in, or for a first batch of fewer than `full_batch` samples `full_batch` / its "
-                 "size times as many steps, and the fall of the least-squares line through every sample the rule "
-                 "saw, plus one standard error, is less than `min_drop` of that (error: "
-                 "nothing learns), or above it, its median by `min_drop`, three "
-                 "or more windows in (warning: the loss rises); or it "
-                 "is below the first, and the fall of the line through the newest two windows, plus one standard "
-                 "error, is less than `min_drop` of the newest window's median and less than a quarter of what the "
-                 "loss's mean pace since the first window takes off over those steps (info: it levelled off, "
-                 "training has converged). Not judged while the learning rate is still rising (a "
-                 "warmup), nor on a training loss that is one of several objectives the step trains in turn, "
-                 "each with a backward pass and optimizer steps of its own (a GAN's discriminator and generator: "
-                 "neither need go "
-                 "down; torch, seen at the first step), nor on one whose targets the model computes itself (a "
-                 "DQN's from its target network, a momentum encoder's, a teacher's: they move as it trains; "
-                 "torch, seen at the first step), nor on one that adds up over a number of forward passes "
-                 "that changes from step to step (a reinforcement-learning episode's; the probe). Finding `stuck` "
-                 "(labels that do not match their inputs?) where the loss that did not go down stays within 20 % "
-                 "of what predicting the targets' mean scores under mean squared error (the first batch's "
-                 "variance), or the steps move the weights as a healthy step does (1e-3 of their norm, median) or "
-                 "more. Finding `slow` (info) instead of \"never went down\" where the kernels' norm grew by 3 % "
-                 "or more of the distance their steps travelled since the rule's first sample (each sample's "
-                 "update times the steps since the one before), and twice as much over the second half of those "
-                 "steps as over the first: the weights drift one way, faster and faster, a slow start; "
-                 "\"never went down\" then waits as long again")
+                 "counted only beyond `z` standard errors of the difference of the windows' means (the batch loss is "
+                 "noisy; its spread is taken from the changes between neighbouring samples): the newest window is not "
+                 "below the run's first (which holds step 0: a fit that continues a run has not seen training begin) "
+                 "nor its median `min_drop` of the first's lower (of the way from the first's to the loss's floor, "
+                 "where the targets tell it: under binary cross-entropy, the first batch's targets' mean binary "
+                 "entropy, 0 for labels of 0 and 1), three or more windows and `min_steps` steps in, or for a first "
+                 "batch of fewer than `full_batch` samples `full_batch` / its size times as many steps, and the fall "
+                 "of the least-squares line through every sample the rule saw, plus one standard error, is less than "
+                 "`min_drop` of that (error: nothing learns), or above it, its median by `min_drop`, three or more "
+                 "windows in (warning: the loss rises); or it is below the first, and the fall of the line through the"
+                 " newest two windows, plus one standard error, is less than `min_drop` of the newest window's median "
+                 "and less than a quarter of what the loss's mean pace since the first window takes off over those "
+                 "steps (info: it levelled off, training has converged). Not judged while the learning rate is still "
+                 "rising (a warmup), nor on a training loss that is one of several objectives the step trains in turn,"
+                 " each with a backward pass and optimizer steps of its own (a GAN's discriminator and generator: "
+                 "neither need go down; torch, seen at the first step), nor on one whose targets the model computes "
+                 "itself (a DQN's from its target network, a momentum encoder's, a teacher's: they move as it trains; "
+                 "torch, seen at the first step), nor on one that adds up over a number of forward passes that changes"
+                 " from step to step (a reinforcement-learning episode's; the probe). Finding `stuck` (labels that do "
+                 "not match their inputs?) where the loss that did not go down stays within 20 % of what predicting "
+                 "the targets' mean scores under mean squared error (the first batch's variance), or the steps move "
+                 "the weights as a healthy step does (1e-3 of their norm, median) or more. Finding `no_splits` where "
+                 "the trees are captured and none of a booster's rounds split. A series whose every sample is the same"
+                 " number, other than 0, is not waited for (`min_steps`): it has not moved at all. Finding `slow` "
+                 "(info) instead of \"never went down\" where the kernels' norm grew by 3 % or more of the distance "
+                 "their steps travelled since the rule's first sample (each sample's update times the steps since the "
+                 "one before), and twice as much over the second half of those steps as over the first: the weights "
+                 "drift one way, faster and faster, a slow start; \"never went down\" then waits as long again")
     hint = ("The loss does not go down. If it never did: the learning rate may be 0 or far too small, the "
             "parameters may not be in the optimizer, labels may not match inputs (shuffled apart, wrong column), "
             "the output layer and the loss may not fit each other (softmax into a loss that takes logits), or "
@@ -119,8 +117,12 @@ class LossNotDecreasing(Rule):
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
             floor = _floor(run) if name == "losses/train" else None
+            # a slow start is waited for; a series that has not moved at all (every sample the same number, a
+            # booster whose trees cannot split: pseudo-Huber on targets far beyond huber_slope) has no start to wait
+            # for, unless that number is 0 (a metric at its floor from the start, an error rate on easy data)
+            patience = 0 if trend.yy == 0 and trend.y != 0 else self._patience(run)
             verdict = self._judge(step, name, first, steps[-2 * self.window:], values[-2 * self.window:],
-                                  self._count[key], self._patience(run), floor)
+                                  self._count[key], patience, floor)
             if verdict is not None and verdict.finding == "never" and step < self._slow_until.get(key, 0):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
             most = trend.fall_at_most()
@@ -129,6 +131,8 @@ class LossNotDecreasing(Rule):
                 verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
+            if verdict is not None and verdict.finding == "never":
+                verdict = _unsplit(run, verdict)
             if verdict is not None and verdict.finding in ("never", "rising"):
                 verdict = self._stuck(run, step, verdict, trend.y)
             if verdict is not None:
@@ -267,6 +271,27 @@ def _constant_predictor_loss(run) -> float | None:
     if len(uses) != 1 or uses[0].loss != "mse_loss" or uses[0].labels is None:
         return None
     return uses[0].labels.variance or None
+
+
+def _unsplit(run, verdict):
+    """A loss that never went down on a booster none of whose trees split (`trees/splits`, where the trees are
+    captured): each round added one leaf, a constant, so the model is its base score (finding `no_splits`)."""
+    if "trees/splits" not in run.tensor_names("trees"):
+        return verdict
+    splits = run.tensor("trees/splits").series()[1]
+    if not len(splits) or np.any(splits > 0):
+        return verdict
+    return replace(verdict, finding="no_splits", hint=NO_SPLITS_HINT,
+                   message=verdict.message + f" None of the trees of its last {len(splits)} rounds split: each is "
+                                             "one leaf, and the model stays at its base score.")
+
+
+NO_SPLITS_HINT = ("Every tree XGBoost adds is a single leaf: no split reduces the loss by `gamma` (min_split_loss) "
+                  "while keeping `min_child_weight` of hessian on each side. Likely causes: hessians too small "
+                  "for min_child_weight (reg:pseudohubererror on targets far beyond huber_slope, whose hessian "
+                  "falls as the cube of slope/residual), a large gamma, features that are constant or missing. "
+                  "Try: huber_slope near the targets' spread (or standardise the targets), a lower "
+                  "min_child_weight, gamma 0; check the features.")
 
 
 def _floor(run) -> float | None:
