@@ -35,7 +35,8 @@ def fit(callback, model=None, epochs=2, n_train=None, batch_size=32, validation=
     (xt, yt), (xv, yv) = helpers.digits(n_train=n_train)
     keras.utils.set_random_seed(0)
     model.fit(xt, yt, batch_size=batch_size, epochs=epochs, verbose=0, validation_data=(xv, yv) if validation else None,
-              validation_batch_size=256, callbacks=([callback] if callback is not None else []) + list(callbacks),
+              validation_batch_size=kwargs.pop("validation_batch_size", 256),
+              callbacks=([callback] if callback is not None else []) + list(callbacks),
               **kwargs)
     return model
 

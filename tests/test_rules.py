@@ -293,6 +293,68 @@ def test_stalled_training_quiet_on_a_slow_steady_run(tmp_path, where):
     assert run.verdicts() == []
 
 
+@pytest.mark.parametrize("evaluating", [True, False], ids=["long_evaluation", "stalled"])
+def test_a_long_evaluation_between_training_steps_is_no_stalled_training(tmp_path, evaluating):
+    """A plain loop that evaluates for 3 s (twelve eval-mode batches of 0.25 s) between training steps, under a 2 s
+    threshold: evaluation batches are progress. The same 3 s spent without a batch of either kind is a stall."""
+    import time
+
+    from tripwire.plugins.torch import TripwireProbe
+
+    class Slow(torch.nn.Module):  # an evaluation batch takes 0.25 s
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            if not self.training:
+                time.sleep(0.25)
+            return self.net(x)
+
+    torch.manual_seed(0)
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = {"rules": [{"rule": "stalled_training", "params": {"threshold_s": 2.0}}], "collections": {"losses": {}},
+              "writer": {"flush_every_s": 0.2}}
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(10):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+            if step == 4:
+                model.eval()
+                with torch.no_grad():
+                    for _ in range(12):
+                        model(x) if evaluating else time.sleep(0.25)
+                model.train()
+    fired = [v.rule for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    assert fired == ([] if evaluating else ["stalled_training"])
+
+
+def test_a_long_validation_in_lightning_is_no_stalled_training(tmp_path):
+    """Lightning's validation loop between epochs, 3 s of batches of 0.25 s, under a 2 s threshold."""
+    import time
+
+    module = helpers.mlp_module()
+    steps = module.validation_step
+
+    def slow_validation_step(batch, batch_idx):
+        time.sleep(0.25)
+        return steps(batch, batch_idx)
+
+    module.validation_step = slow_validation_step
+    config = {"rules": [{"rule": "stalled_training", "params": {"threshold_s": 2.0}}], "collections": {"losses": {}},
+              "writer": {"flush_every_s": 0.2}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    loaders = helpers.torch_loaders()
+    small_val = torch.utils.data.DataLoader(loaders[1].dataset, batch_size=40)  # 12 batches: 3 s
+    helpers.fit(callback, module, max_epochs=2, loaders=(loaders[0], small_val))
+    assert [v.rule for v in tripwire.open_run(callback.run_url).verdicts() if v.fired] == []
+
+
 def test_unchanged_tensor_names_the_layer_left_out_of_the_optimizer(tmp_path):
     """A blind spot: net.0 gets gradients but is not in the optimizer, so only it stays put while the rest trains."""
     module = helpers.mlp_module(hidden=(32, 32))

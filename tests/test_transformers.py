@@ -379,3 +379,24 @@ def test_ddp_a_language_model_s_loss_is_each_rank_s_own(tmp_path):
     run = tripwire.open_run(rank0["run_url"])
     assert run.workers() == [0] and run.steps() == [0, 5]
     assert run.tensor("losses/train").reduction(0) == pytest.approx(math.log(32), rel=0.1)
+
+
+def test_a_long_evaluation_is_no_stalled_training(tmp_path):
+    """Each epoch's evaluation takes 3 s (batches of 8, another callback waiting 0.25 s after each of twelve), under
+    a 2 s threshold: evaluation batches are progress."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class SlowEvaluation(TrainerCallback):
+        def on_prediction_step(self, args, state, control, **kwargs):
+            time.sleep(0.25)
+
+    (xt, yt), (xv, yv) = data.token_presence()
+    config = {"rules": [{"rule": "stalled_training", "params": {"threshold_s": 2.0}}], "collections": {"losses": {}},
+              "writer": {"flush_every_s": 0.2}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    Trainer(model=tiny_bert(), args=arguments(str(tmp_path / "out"), per_device_eval_batch_size=8, num_train_epochs=2),
+            train_dataset=Rows(xt, yt), eval_dataset=Rows(xv[:96], yv[:96]),
+            callbacks=[cb, SlowEvaluation()]).train()
+    assert [v.rule for v in tripwire.open_run(cb.run_url).verdicts() if v.fired] == []

@@ -18,8 +18,9 @@ class StalledTraining(Rule):
     limits = {"threshold_s": POSITIVE}
     modes = ()  # judged by the clock, not at steps: see `idle`
     idle = True
-    condition = ("no new sample has been captured for `threshold_s` seconds while the run is running; judged "
-                 "by the clock, in tripwire watch and in the training process's writer thread")
+    condition = ("no training step (sampled or not) and no evaluation batch for `threshold_s` seconds while the "
+                 "run is running (a long validation is progress); judged by the clock, in tripwire watch (from the "
+                 "samples stored) and in the training process's writer thread")
     hint = ("Training stopped making progress: a hung data loader or worker, a deadlock, a stuck distributed "
             "collective (one rank died), or a step far slower than expected. Try: py-spy dump --pid on the "
             "training process, check data-loader workers and every rank's logs, set timeouts on collectives.")

@@ -237,6 +237,10 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.emit("custom", name, tensor)
 
     # -- evaluation -----------------------------------------------------------------------------------------------
+    def on_test_batch_begin(self, batch, logs=None):
+        if self._alive is not None:  # an evaluation makes progress too: a long one is no stalled training
+            self._alive()
+
     def on_epoch_end(self, epoch, logs=None):
         """Validation inside fit: its metrics under Keras' own `val_` names, in mode eval.
 

@@ -415,6 +415,10 @@ class TripwireCallback(*_callback_bases()):
             self._capture.take("custom", name, tensor)
 
     # -- evaluation -----------------------------------------------------------------------------------------------
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self._alive is not None:  # an evaluation makes progress too: a long one is no stalled training
+            self._alive()
+
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not self._plan.at("eval", trainer.global_step):
             return

@@ -264,6 +264,8 @@ class TripwireProbe:
     def _on_forward(self, module, args) -> None:
         if not module.training:
             self._disarm_look()
+            if self._recorder.clock:  # an evaluation makes progress too: a long one is no stalled training
+                self._recorder.alive()
             return
         if self._forwards is not None and self._in_step is None and torch.is_grad_enabled():
             self._forwards.this_step += 1

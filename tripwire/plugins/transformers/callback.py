@@ -312,6 +312,10 @@ class TripwireCallback(TrainerCallback, ExportableState):
         decision = self._record_metrics(max(state.global_step - 1, 0), "train", logs)
         self._decide(args, state, control, decision)
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self._alive is not None:  # an evaluation makes progress too: a long one is no stalled training
+            self._alive()
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         """An evaluation during training, in mode eval at the global step it ran at; `eval_x` as `metrics/val_x`."""
         if not self._training or not self._plan.at("eval", state.global_step):
