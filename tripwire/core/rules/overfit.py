@@ -168,7 +168,7 @@ class _Evaluations:
         self.recent: list = []  # (step, value, training loss, learning rate, settled), oldest first
         self.earlier = 0  # evaluations before the newest `patience`
 
-    def add(self, step: int, value: float, train: float, rate: float, settled: bool = True) -> None:
+    def add(self, step: int, value: float, train: float, rate: float, settled: bool) -> None:
         """settled: the evaluation normalised with BatchNorm statistics that hold little of their initial values
         (or the model has none); only such an evaluation can be the best a later one rose from."""
         if self.first is None:
