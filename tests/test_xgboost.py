@@ -192,6 +192,9 @@ def test_a_booster_whose_trees_never_split_is_told_at_once(tmp_path, slope, tree
     else:
         assert len(set(result["train"]["mphe"])) == 1  # not one round changed the model
         assert told == [(14, "error", "no_splits" if trees else "never")]
+        (verdict,) = [v for v in cb.verdicts if v.rule == "loss_not_decreasing" and v.counts]
+        assert "Not one of its 15 samples differs from the first" in verdict.message
+        assert ("None of the trees of its last" in verdict.message) is trees
 
 
 def test_stop_ends_boosting_and_checkpoint_writes_a_loadable_booster(tmp_path):

@@ -131,6 +131,9 @@ class LossNotDecreasing(Rule):
                 verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
+            if verdict is not None and verdict.finding == "never" and trend.yy == 0:
+                verdict = replace(verdict, message=verdict.message + f" Not one of its {trend.n} samples differs from "
+                                                                     "the first: the steps do not change the model.")
             if verdict is not None and verdict.finding == "never":
                 verdict = _unsplit(run, verdict)
             if verdict is not None and verdict.finding in ("never", "rising"):
