@@ -46,7 +46,8 @@ class LossNotDecreasing(Rule):
                  "batch of fewer than `full_batch` samples `full_batch` / its size times as many steps, and the fall "
                  "of the least-squares line through every sample the rule saw, plus one standard error, is less than "
                  "`min_drop` of that (error: nothing learns), or above it, its median by `min_drop`, three or more "
-                 "windows in (warning: the loss rises); or it is below the first, and the fall of the line through the"
+                 "windows in (warning: the loss rises); or it is below the first (by `min_drop` of the first's median "
+                 "itself, not of the room above a floor), and the fall of the line through the"
                  " newest two windows, plus one standard error, is less than `min_drop` of the newest window's median "
                  "and less than a quarter of what the loss's mean pace since the first window takes off over those "
                  "steps (info: it levelled off, training has converged). Not judged while the learning rate is still "
@@ -214,6 +215,9 @@ class LossNotDecreasing(Rule):
         level, start = float(np.median(now)), float(np.median(first))
         margin = self.min_drop * abs(start)
         never_down = not below(now, first) and level > start - self.min_drop * _room(start, floor)
+        # "levelled off" asks for a fall from the start itself: a loss that covered a share of the room above its
+        # floor but a few percent of its start (soft targets) is still too noisy to show its newest windows flat
+        went_down = below(now, first) or level <= start - margin
         rising = below(first, now) and level > start + margin
         if never_down and from_start and long_enough and (rising or not early):
             return self.fire(step, f"{name} {'rose' if rising else 'has not gone down'} since training began: "
@@ -229,7 +233,7 @@ class LossNotDecreasing(Rule):
         # loss still falling 1.5 % a round levelled, nor a loss falling 30 % every five epochs
         most = Trend(zip(recent_steps, recent)).fall_at_most()
         pace = (start - level) / max(step - first_step, 1.0) * float(recent_steps[-1] - recent_steps[0])
-        if not never_down and not below(before, now) and most is not None and \
+        if went_down and not below(before, now) and most is not None and \
                 most < min(self.min_drop * abs(level), LEVELLED * pace):
             # told in the statistic that showed the fall: a heavy-tailed loss (a batch of four) can go down in its
             # median while one sample keeps its newest mean above the first's
