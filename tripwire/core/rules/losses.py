@@ -14,6 +14,7 @@ from ..ranges import COUNT, SHARE
 from ..model import KERNEL_ROLES
 from .base import (FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
                    loss_not_a_fit, of_roles)
+from .baselines import FLOOR_NOTE, constant_predictor_loss, loss_floor, room_above, unsplit
 from .drift import Drift
 from .trend import Trend, noise
 
@@ -117,7 +118,7 @@ class LossNotDecreasing(Rule):
             if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
                     or _warming_up(run, steps[-2 * self.window]):
                 continue
-            floor = _floor(run) if name == "losses/train" else None
+            floor = loss_floor(run) if name == "losses/train" else None
             # a slow start is waited for; a series that has not moved at all (every sample the same number, a
             # booster whose trees cannot split: pseudo-Huber on targets far beyond huber_slope) has no start to wait
             # for, unless that number is 0 (a metric at its floor from the start, an error rate on easy data)
@@ -128,7 +129,7 @@ class LossNotDecreasing(Rule):
                 verdict = None  # a slow start, told: it is given as long again to leave its plateau
             most = trend.fall_at_most()
             if verdict is not None and verdict.finding == "never" and most is not None and \
-                    most >= self.min_drop * _room(verdict.evidence["start"], verdict.evidence.get("floor")):
+                    most >= self.min_drop * room_above(verdict.evidence["start"], verdict.evidence.get("floor")):
                 verdict = None  # every sample together does not show it flat: two windows of noisy batches cannot
             if verdict is not None and verdict.finding == "never":
                 verdict = self._slow_start(step, verdict, key)
@@ -136,7 +137,7 @@ class LossNotDecreasing(Rule):
                 verdict = replace(verdict, message=verdict.message + f" Not one of its {trend.n} samples differs from "
                                                                      "the first: the steps do not change the model.")
             if verdict is not None and verdict.finding == "never":
-                verdict = _unsplit(run, verdict)
+                verdict = unsplit(run, verdict)
             if verdict is not None and verdict.finding in ("never", "rising"):
                 verdict = self._stuck(run, step, verdict, trend.y)
             if verdict is not None:
@@ -171,7 +172,7 @@ class LossNotDecreasing(Rule):
         Labels that do not match their inputs are the likeliest cause: the verdict says so (finding `stuck`).
         mean: of every sample the rule saw, where the loss sits when it never went down (its newest five batch
         losses can stand a quarter off it); a rising loss is read at its newest window."""
-        constant = _constant_predictor_loss(run)
+        constant = constant_predictor_loss(run)
         level = mean if verdict.finding == "never" else verdict.evidence["now"]
         if constant and abs(level - constant) <= 0.2 * constant:  # one batch's variance
             return replace(verdict, finding="stuck", hint=STUCK_HINT,
@@ -200,7 +201,7 @@ class LossNotDecreasing(Rule):
     def _judge(self, step, name, first, recent_steps, recent, samples, patience: int, floor: float | None):
         """first: (step, value) of the rule's first `window` samples of the series; recent_steps, recent: its
         newest 2 x `window` samples; patience: the steps from the first before "never went down" is judged;
-        floor: the least the loss can reach, where its targets tell (_floor), else None."""
+        floor: the least the loss can reach, where its targets tell (baselines.loss_floor), else None."""
         from_start = first[0][0] == 0  # a fit that continues a run (or a resumed one) did not see training begin
         # "never went down" waits for `patience` too: a slow start is no fault; a rise is one at any time
         long_enough = samples >= 3 * self.window
@@ -214,7 +215,7 @@ class LossNotDecreasing(Rule):
         # batch of one, moves a mean far)
         level, start = float(np.median(now)), float(np.median(first))
         margin = self.min_drop * abs(start)
-        never_down = not below(now, first) and level > start - self.min_drop * _room(start, floor)
+        never_down = not below(now, first) and level > start - self.min_drop * room_above(start, floor)
         # "levelled off" asks for a fall from the start itself: a loss that covered a share of the room above its
         # floor but a few percent of its start (soft targets) is still too noisy to show its newest windows flat
         went_down = below(now, first) or level <= start - margin
@@ -255,7 +256,6 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
-FLOOR_NOTE = " (the least it can reach is {:.4g}, its targets' own entropy)"
 LEVELLED = 0.25  # of what the loss's mean pace so far takes off over the newest samples' steps: levelled below it
 SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
@@ -267,56 +267,6 @@ STUCK_HINT = ("The weights move at every step, yet the loss stays where it began
               "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
               "that each sample keeps its own label through loading and shuffling; train on one small batch "
               "until it is learned by heart (if even that fails, look at the loss and the labels).")
-
-
-def _constant_predictor_loss(run) -> float | None:
-    """The mean squared error of predicting the first batch's mean target, where the training step's one loss is
-    mean squared error and the plugin saw its targets: a loss that stays there has learned nothing from the
-    inputs. None otherwise."""
-    first = run.first_step
-    uses = first.losses if first is not None else ()
-    if len(uses) != 1 or uses[0].loss != "mse_loss" or uses[0].labels is None:
-        return None
-    return uses[0].labels.variance or None
-
-
-def _unsplit(run, verdict):
-    """A loss that never went down on a booster none of whose trees split (`trees/splits`, where the trees are
-    captured): each round added one leaf, a constant, so the model is its base score (finding `no_splits`)."""
-    if "trees/splits" not in run.tensor_names("trees"):
-        return verdict
-    splits = run.tensor("trees/splits").series()[1]
-    if not len(splits) or np.any(splits > 0):
-        return verdict
-    return replace(verdict, finding="no_splits", hint=NO_SPLITS_HINT,
-                   message=verdict.message + f" None of the trees of its last {len(splits)} rounds split: each is "
-                                             "one leaf, and the model stays at its base score.")
-
-
-NO_SPLITS_HINT = ("Every tree XGBoost adds is a single leaf: no split reduces the loss by `gamma` (min_split_loss) "
-                  "while keeping `min_child_weight` of hessian on each side. Likely causes: hessians too small "
-                  "for min_child_weight (reg:pseudohubererror on targets far beyond huber_slope, whose hessian "
-                  "falls as the cube of slope/residual), a large gamma, features that are constant or missing. "
-                  "Try: huber_slope near the targets' spread (or standardise the targets), a lower "
-                  "min_child_weight, gamma 0; check the features.")
-
-
-def _floor(run) -> float | None:
-    """The least the training loss can reach, where its targets say: under binary cross-entropy, the targets' mean
-    binary entropy (0 for labels of 0 and 1; ratings scaled to [0, 1] keep the loss of a perfect model near 0.5,
-    and one that learns goes from ln 2 to 0.6: 4 % in the rule's first 850 steps, 30 % of the way to its floor).
-    From the first batch's targets, where the step's one loss is binary cross-entropy; None otherwise."""
-    first = run.first_step
-    uses = first.losses if first is not None else ()
-    if len(uses) != 1 or uses[0].kind != "binary" or uses[0].reads not in ("logits", "probabilities") or \
-            uses[0].labels is None or uses[0].labels.entropy is None or uses[0].terms is not None:
-        return None
-    return uses[0].labels.entropy
-
-
-def _room(start: float, floor: float | None) -> float:
-    """How far a loss that starts at `start` can go down: to its floor where known and below the start."""
-    return start - floor if floor is not None and floor < start else abs(start)
 
 
 def _update_ratios(run) -> list[float]:
