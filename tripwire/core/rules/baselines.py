@@ -1,11 +1,15 @@
 """What a training loss is measured against, beside its own start: the least it can reach (its targets' entropy
-under binary cross-entropy), what predicting the targets' mean scores, and a booster whose trees never split."""
+under binary cross-entropy), what predicting the targets' mean scores, how far the steps move the weights (a loss
+that stays put while they move learns nothing that holds), and a booster whose trees never split."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+
+from ..model import KERNEL_ROLES
+from .base import of_roles
 
 FLOOR_NOTE = " (the least it can reach is {:.4g}, its targets' own entropy)"
 
@@ -58,3 +62,26 @@ def loss_floor(run) -> float | None:
 def room_above(start: float, floor: float | None) -> float:
     """How far a loss that starts at `start` can go down: to its floor where known and below the start."""
     return start - floor if floor is not None and floor < start else abs(start)
+
+
+STUCK_HINT = ("The weights move at every step, yet the loss stays where it began: what the model learns from one "
+              "batch does not hold for the next. Likeliest cause: labels that do not match their inputs (shuffled "
+              "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
+              "that each sample keeps its own label through loading and shuffling; train on one small batch "
+              "until it is learned by heart (if even that fails, look at the loss and the labels).")
+
+
+def update_ratios(run) -> list[float]:
+    """‖update‖ / ‖weight‖ of the trainable kernels at the newest step that holds their updates."""
+    names = [n for n in run.tensor_names("updates") if "l2" in run.tensor(n).reductions()]
+    names = list(of_roles(run, dict.fromkeys(names), KERNEL_ROLES))
+    out = []
+    for name in names:
+        weight = "weights/" + name.split("/", 1)[1]
+        if weight not in run.tensor_names("weights"):
+            continue
+        u_steps, u = run.tensor(name).tail("l2", 1)
+        w_steps, w = run.tensor(weight).tail("l2", 1)
+        if len(u_steps) and len(w_steps) and u_steps[-1] == w_steps[-1] and w[-1] > 0:
+            out.append(float(u[-1] / w[-1]))
+    return out

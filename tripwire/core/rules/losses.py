@@ -11,10 +11,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..ranges import COUNT, SHARE
-from ..model import KERNEL_ROLES
-from .base import (FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode,
-                   loss_not_a_fit, of_roles)
-from .baselines import FLOOR_NOTE, constant_predictor_loss, loss_floor, room_above, unsplit
+from .base import FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, loss_not_a_fit
+from .baselines import (FLOOR_NOTE, STUCK_HINT, constant_predictor_loss, loss_floor, room_above, unsplit,
+                        update_ratios)
 from .drift import Drift
 from .trend import Trend, noise
 
@@ -180,7 +179,7 @@ class LossNotDecreasing(Rule):
                                                      "targets' mean scores under mean squared error gives (the "
                                                      f"first batch's variance, {constant:.4g}): the model has "
                                                      "learned nothing from its inputs.")
-        ratios = sorted(_update_ratios(run))
+        ratios = sorted(update_ratios(run))
         if verdict.finding != "never" or not ratios or ratios[len(ratios) // 2] < HEALTHY_STEP:
             return verdict
         return replace(verdict, finding="stuck", hint=STUCK_HINT,
@@ -261,25 +260,3 @@ SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one
              "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
              "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "
              "weights by less than 0.1 % of their norm, a larger batch.")
-
-STUCK_HINT = ("The weights move at every step, yet the loss stays where it began: what the model learns from one "
-              "batch does not hold for the next. Likeliest cause: labels that do not match their inputs (shuffled "
-              "apart, the wrong column, a misaligned join); also a task the inputs say nothing about. Try: check "
-              "that each sample keeps its own label through loading and shuffling; train on one small batch "
-              "until it is learned by heart (if even that fails, look at the loss and the labels).")
-
-
-def _update_ratios(run) -> list[float]:
-    """‖update‖ / ‖weight‖ of the trainable kernels at the newest step that holds their updates."""
-    names = [n for n in run.tensor_names("updates") if "l2" in run.tensor(n).reductions()]
-    names = list(of_roles(run, dict.fromkeys(names), KERNEL_ROLES))
-    out = []
-    for name in names:
-        weight = "weights/" + name.split("/", 1)[1]
-        if weight not in run.tensor_names("weights"):
-            continue
-        u_steps, u = run.tensor(name).tail("l2", 1)
-        w_steps, w = run.tensor(weight).tail("l2", 1)
-        if len(u_steps) and len(w_steps) and u_steps[-1] == w_steps[-1] and w[-1] > 0:
-            out.append(float(u[-1] / w[-1]))
-    return out
