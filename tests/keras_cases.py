@@ -47,6 +47,68 @@ def test_nan_between_samples_stops_training_at_the_step_it_appears(tmp_path):
     assert run.tensor("losses/train").reduction(37) == np.inf
 
 
+class Square(keras.layers.Layer):
+    """x * x: overflows float32 once its input passes ~1.8e19 (an energy or polynomial feature)."""
+
+    def call(self, x):
+        return x * x
+
+
+def squared_features(loss, norm=True, run_eagerly=False):
+    """Dense, dropout, a squaring layer and (norm) BatchNorm on digits' 64 features: what a replay could change.
+    No ReLU: TensorFlow's fused Dense and ReLU turn a NaN input into 0 (the loss stays finite while the weights
+    go NaN)."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,))
+    h = keras.layers.Dropout(0.2, name="drop")(keras.layers.Dense(32, name="first")(inputs))
+    h = Square(name="square")(keras.layers.Dense(32, name="second")(h))
+    h = keras.layers.BatchNormalization(name="norm")(h) if norm else h
+    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="out")(h))
+    model.compile(keras.optimizers.SGD(0.05), loss, run_eagerly=run_eagerly)
+    return model
+
+
+def hand_written_nll(y, p):
+    """-log(p[y]) without clipping: a saturated softmax gives log(0) = inf."""
+    y = keras.ops.cast(keras.ops.reshape(y, (-1, 1)), "int32")
+    return -keras.ops.log(keras.ops.take_along_axis(p, y, axis=1))
+
+
+@pytest.mark.parametrize("fault", ["overflow", "nan_input", "loss"])
+def test_the_layer_where_a_nan_began_is_named_and_the_replay_changes_nothing(tmp_path, fault):
+    """At step 13 a batch scaled by 1e20 (the squared features overflow), a NaN in one input, or a batch scaled by
+    1e3 under a hand-written loss without BatchNorm (the softmax saturates: log(0)). The default config, which samples every 100
+    steps: the NaN is caught, and where it began found, before the update of the step it appears in. Under JAX
+    it is told at its step without its origin (origin.py says why)."""
+    (x, y), _ = helpers.digits()
+    x, y = x[:14 * 32].copy(), y[:14 * 32]
+    if fault == "nan_input":
+        x[13 * 32 + 3, 5] = np.nan
+    else:
+        x[13 * 32:] *= 1e20 if fault == "overflow" else 1e3
+    loss = hand_written_nll if fault == "loss" else "sparse_categorical_crossentropy"
+    ends = {}
+    for name, callbacks in (("plain", []), ("tripwire", [TripwireCallback(out_dir=tmp_path / "run")])):
+        model = squared_features(loss, norm=fault != "loss")
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        ends[name] = [np.array(v) for v in model.variables]
+    (verdict,) = [v for v in callbacks[0].verdicts if v.rule == "exploding_tensor"]
+    assert verdict.step == 13
+    if keras.backend.backend() == "jax":
+        assert "began" not in verdict.message
+    elif fault == "overflow":
+        assert "It began in `square`: its output holds" in verdict.message
+        assert "from a finite input that had grown to" in verdict.message and "learning rate" in verdict.hint
+    elif fault == "nan_input":
+        assert "The input of `first` (Dense) already held 1 NaN/Inf value(s)" in verdict.message
+    else:
+        assert "It began in the loss: the model's output was finite" in verdict.message
+    # the same weights, BatchNorm statistics and seed states as without tripwire (stopped after the same step)
+    for plain, traced in zip(ends["plain"], ends["tripwire"]):
+        np.testing.assert_array_equal(traced, plain)
+
+
 def test_a_learning_rate_far_too_low_is_named_once_the_first_steps_are_in(tmp_path):
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
     fit(cb, mlp(lr=1e-7, optimizer="adam"), epochs=1)

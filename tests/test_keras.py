@@ -32,6 +32,20 @@ def test_every_case_on_another_backend(backend):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
+def test_where_a_nan_began_is_found_in_an_eager_step_too(tmp_path):
+    """`run_eagerly`: the loss is read on the host before the update, and the layer found the same way."""
+    from keras_cases import squared_features
+
+    (x, y), _ = helpers.digits()
+    x = x[:14 * 32].copy()
+    x[13 * 32:] *= 1e20
+    cb = TripwireCallback(out_dir=tmp_path / "run")
+    squared_features("sparse_categorical_crossentropy", run_eagerly=True).fit(
+        x, y[:14 * 32], batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    (verdict,) = [v for v in cb.verdicts if v.rule == "exploding_tensor"]
+    assert verdict.step == 13 and "It began in `square`: its output holds" in verdict.message
+
+
 def test_keras_and_lightning_runs_read_the_same(tmp_path):
     from tripwire.plugins.lightning import TripwireCallback as LightningCallback
 

@@ -83,6 +83,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._looked = False  # the run holds what the first sampled step trained with
         self._log_loss = False  # the config captures the loss Keras logs (`metrics/loss`) at every step
         self._step_losses: StepLosses | None = None  # each step's own loss, stored where the config keeps losses
+        self._guard = None  # where the loss of a step is not finite, finds the layer where that began (origin.py)
 
     @property
     def verdicts(self) -> list:
@@ -98,7 +99,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._open(model, structure)
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
-        hook_model(model)
+        self._guard = hook_model(model)
         self._sampled = ()
         if self._capture is None or not self._capture.serves(model):
             self._capture = StepCapture(model, self._plan, structure)
@@ -168,7 +169,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
                 self._keep_loss(self._base + batch, batch, logs, taken=False)
-                decision = self._recorder.check_loss(self._base + batch, logs.get("loss"))
+                decision = self._recorder.check_loss(self._base + batch, logs.get("loss"), self._origin())
                 if decision is not None:
                     self._decide(decision, self._base + batch)
             if self._counted is not None and self._base + batch == self._counted[1] + SKIPPED_STEPS and \
@@ -199,7 +200,11 @@ class TripwireCallback(keras.callbacks.Callback):
                 values[f"metrics/{key}"] = {"value": float(value)}
         if self._counted is not None and "relations" in plans:
             values["relations/skipped_steps"] = {"value": float(self._skipped(step))}
-        self._decide(self._recorder.record(step, "train", values, tensors), step)
+        self._decide(self._recorder.record(step, "train", {**values, **self._origin()}, tensors), step)
+
+    def _origin(self) -> dict:
+        """{`origin/<layer>`: facts} of the step just run, where its loss was not finite (once); else {}."""
+        return self._guard.origin() if self._guard is not None and self._guard.kept is not None else {}
 
     def _skipped(self, step: int) -> int:
         """The steps in a row up to this one that a LossScaleOptimizer skipped (its gradients not finite), where

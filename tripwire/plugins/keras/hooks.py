@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import keras
 
+from . import origin
+
 if TYPE_CHECKING:
     from .capture import StepCapture
 
@@ -40,6 +42,7 @@ class LossHook:
         self.kept = KeptLoss() if keras.backend.backend() == "tensorflow" else None
 
     def __call__(self, loss):
+        origin.watch(loss)
         if self.capture is not None:
             self.capture.seen("scale_loss")
             self.capture.emit("losses", "train", loss)
@@ -93,18 +96,22 @@ def wrap_optimizer(optimizer):
     return optimizer
 
 
-def hook_model(model) -> None:
-    """Wrap the model's optimizer. On TensorFlow, when that puts the loss hook in place only now, Keras builds
-    its train function again, so that the function keeps the loss (`KeptLoss`): before its first call that
-    costs no trace; after a fit without tripwire, one trace, as a capture function would."""
+def hook_model(model):
+    """Wrap the model's optimizer, and put the guard that finds where a NaN began in place of its train step
+    (origin.py); returns the guard (None where it does not apply). On TensorFlow, when that puts the loss hook in
+    place only now, Keras makes its train function again, so that the function keeps the loss (`KeptLoss`) and
+    holds the guard: before its first call that costs no trace; after a fit without tripwire, one trace, as a
+    capture function would."""
     optimizer = model.optimizer
     if optimizer is None:
-        return
+        return None
+    guarded = isinstance(vars(model).get("train_step"), origin.StepGuard)
     new = not isinstance(vars(optimizer).get("scale_loss"), LossHook)
     wrap_optimizer(optimizer)
-    if new and keras.backend.backend() == "tensorflow" and model.train_function is not None \
-            and not model.run_eagerly:
-        model.make_train_function(force=True)
+    step_guard = origin.guard(model)
+    if (new or step_guard is not None and not guarded) and keras.backend.backend() == "tensorflow" and model.train_function is not None:
+        model.make_train_function(force=True)  # Keras' function holds the train step it was made with
+    return step_guard
 
 
 def hooks_of(optimizer) -> list:

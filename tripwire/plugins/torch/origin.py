@@ -26,10 +26,9 @@ import sys
 
 import torch
 
-log = logging.getLogger("tripwire")
+from tripwire.core.rules.origins import OWN_FORWARD, loss_facts, origin_facts
 
-OWN_FORWARD = "forward"  # the path named for the model itself: a functional operation between its submodules
-LOSS = "loss"  # the path named where the model's output was finite and the loss made from it is not
+log = logging.getLogger("tripwire")
 
 
 def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False) -> dict:
@@ -53,16 +52,10 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
         bad = nonfinite_count(output)
         if not bad:
             return
-        facts = {"nonfinite_count": float(bad)}
         given = nonfinite_count((args, kwargs))
-        if given:
-            facts["input_nonfinite_count"] = float(given)
-        else:
-            facts["input_max_abs"] = max_abs((args, kwargs))
-        own = sum(nonfinite_count(p) for p in module.parameters(recurse=False))
-        if own:
-            facts["weight_nonfinite_count"] = float(own)
-        found[f"origin/{names.get(module) or OWN_FORWARD}"] = facts
+        found.update(origin_facts(names.get(module) or OWN_FORWARD, bad, given, 0.0 if given else
+                                  max_abs((args, kwargs)),
+                                  sum(nonfinite_count(p) for p in module.parameters(recurse=False))))
 
     handles = [module.register_forward_hook(seen, with_kwargs=True) for module in names]
     kept = _KeptState(model)
@@ -83,12 +76,12 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
 def loss_origin(output) -> dict:
     """The facts for a non-finite loss made from a finite model output (its largest |value| where it can be
     read)."""
-    facts = {"nonfinite_count": 1.0}
     try:
-        facts["output_max_abs"] = max_abs(output)
+        top = max_abs(output)
     except Exception as exc:  # noqa: BLE001 - an output tripwire cannot read leaves the fact out
         log.debug("tripwire: the model's output could not be read: %s: %s", type(exc).__name__, exc)
-    return {f"origin/{LOSS}": facts}
+        top = None
+    return loss_facts(top)
 
 
 def tensors_in(value) -> list:
