@@ -30,9 +30,10 @@ class ExplodingTensor(Rule):
     condition = ("a captured tensor holds a NaN or ±Inf at the step evaluated: its reduction nonfinite_count is "
                  "above 0, or, for a tensor captured without it, a scalar or reduction is not finite (a reduction "
                  "that does not apply to a tensor is absent, never NaN). Where the plugin found where the NaN "
-                 "began (the probe and Lightning where the loss is on the CPU, Keras on TensorFlow and on torch's CPU: "
-                 "the step's forward replayed from the state before its update, `origin/<module>`), the verdict "
-                 "names the module, what came into it, and the change to make")
+                 "began (the probe and Lightning where the loss is on the CPU; Keras on TensorFlow without XLA, "
+                 "on JAX, and on torch with the loss on the CPU: the step's forward replayed from the state before "
+                 "its update, `origin/<module>`), the verdict names the module, what came into it, and the change "
+                 "to make")
     hint = ("Values overflowed. Likely causes: a learning rate too high, a division by ~0 or log(0) in the loss, "
             "no gradient clipping, fp16 overflow. Try: lower the learning rate (10x), clip gradients "
             "(gradient_clip_val / clipnorm), add an epsilon to divisions and logs, check inputs for NaN, use "

@@ -98,19 +98,20 @@ def wrap_optimizer(optimizer):
 
 def hook_model(model):
     """Wrap the model's optimizer, and put the guard that finds where a NaN began in place of its train step
-    (origin.py); returns the guard (None where it does not apply). On TensorFlow, when that puts the loss hook in
-    place only now, Keras makes its train function again, so that the function keeps the loss (`KeptLoss`) and
-    holds the guard: before its first call that costs no trace; after a fit without tripwire, one trace, as a
-    capture function would."""
+    (origin.py); returns the guard (None where it does not apply). Keras' train function holds the train step it
+    was made with (TensorFlow, JAX) and, on TensorFlow, traces the loss hook into itself (`KeptLoss`): where either
+    is put in place only now, Keras makes its function again: before its first call that costs no trace; after a
+    fit without tripwire, one trace, as a capture function would."""
     optimizer = model.optimizer
     if optimizer is None:
         return None
-    guarded = isinstance(vars(model).get("train_step"), origin.StepGuard)
-    new = not isinstance(vars(optimizer).get("scale_loss"), LossHook)
+    backend = keras.backend.backend()
+    new_hook = not isinstance(vars(optimizer).get("scale_loss"), LossHook) and backend == "tensorflow"
+    new_guard = not isinstance(vars(model).get("train_step"), origin.StepGuard) and backend != "torch"
     wrap_optimizer(optimizer)
     step_guard = origin.guard(model)
-    if (new or step_guard is not None and not guarded) and keras.backend.backend() == "tensorflow" and model.train_function is not None:
-        model.make_train_function(force=True)  # Keras' function holds the train step it was made with
+    if (new_hook or new_guard and step_guard is not None) and model.train_function is not None:
+        model.make_train_function(force=True)
     return step_guard
 
 

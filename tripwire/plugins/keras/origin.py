@@ -12,10 +12,10 @@ seeds updated in the copy only; dropout draws the step's own masks from the seed
 start) with each layer's `call` wrapped, and names the first layer, in the order their calls end, whose
 output holds NaN/Inf. Where none did, the loss is where it began.
 
-Not with XLA (`jit_compile`, TensorFlow's default on a GPU: XLA compiles no host callback), not under JAX (its
-trainer hands the loss over where the model's variables are values traced in a function
-Keras differentiates), on an accelerator in eager mode (the read would wait for it), under a distribution
-strategy, or for a model with its own `train_step` (the forward replayed would not be its step's): there the
+On JAX the step is handed the state before it: there the check follows the step, on the loss it logged, and
+copies that state (a `lax.cond` holding a `jax.debug.callback`). Not with XLA on TensorFlow (`jit_compile`, its
+default on a GPU: XLA compiles no host callback), on an accelerator in eager mode (the read would wait for it),
+under a distribution strategy, or for a model with its own `train_step` (the forward replayed would not be its step's): there the
 NaN is told at its step without its origin.
 """
 
@@ -39,7 +39,7 @@ def guard(model) -> "StepGuard | None":
     current = vars(model).get("train_step")
     if isinstance(current, StepGuard):
         return current
-    if current is not None or keras.backend.backend() not in ("tensorflow", "torch") or \
+    if current is not None or \
             not type(model).train_step.__module__.startswith("keras.") or _replicas(model) != 1:
         return None
     installed = StepGuard(model)
@@ -68,7 +68,10 @@ class StepGuard:
         self._seed_states = [generator.state for layer in model._flatten_layers()
                              for generator in getattr(layer, "_seed_generators", ())]
 
-    def __call__(self, data):
+    def __call__(self, *args):
+        if len(args) == 2:  # JAX: (state, data), the state before the step handed in
+            return self._stateless_step(*args)
+        (data,) = args
         eager = _eager()
         if self.done and eager:
             return self.step(data)
@@ -96,10 +99,32 @@ class StepGuard:
                     lambda: tf.numpy_function(self._keep, self._values() + self._seeds + leaves, Tout=tf.bool,
                                               stateful=True))
             return
-        if "cpu" not in str(getattr(loss, "device", "cpu")).lower():
+        if not _on_cpu(loss):
             return
         if not np.isfinite(ops.convert_to_numpy(loss)).all():
             self._keep(*(self._values() + self._seeds + leaves))
+
+    def _stateless_step(self, state, data):
+        """JAX's step, given the state before it: after it, where the loss it logged (the epoch's mean so far, not
+        finite from the first non-finite step on) is not finite, that state and the batch go to the host (in a
+        jitted step, a `lax.cond` whose other branch holds a `jax.debug.callback`)."""
+        import jax
+        import jax.numpy as jnp
+
+        logs, after = self.step(state, data)
+        x = keras.utils.unpack_x_y_sample_weight(data)[0]
+        leaves, loss = keras.tree.flatten(x), logs.get("loss") if isinstance(logs, dict) else None
+        if self.done or loss is None or not leaves or not all(ops.is_tensor(leaf) for leaf in leaves):
+            return logs, after
+        self._layout = keras.tree.map_structure(lambda leaf: 0, x)
+        trainable, non_trainable = list(state[0]), list(state[1])
+        where = {id(v): i for i, v in enumerate(self.model.non_trainable_variables)}
+        values = trainable + non_trainable + [non_trainable[where[id(s)]] for s in self._seed_states] + leaves
+        if isinstance(loss, jax.core.Tracer):
+            jax.lax.cond(jnp.all(jnp.isfinite(loss)), lambda: None, lambda: jax.debug.callback(self._keep, *values))
+        elif _on_cpu(loss) and not np.isfinite(np.asarray(loss)).all():
+            self._keep(*values)
+        return logs, after
 
     def _values(self) -> list:
         return [ops.convert_to_tensor(v) for v in self.model.trainable_variables + self.model.non_trainable_variables]
@@ -192,6 +217,11 @@ def _with_seeds(model, values: list, seed_states: list, starts: list) -> list:
     """The non-trainable values with each seed generator's state as it was at the step's start."""
     start_of = {id(state): start for state, start in zip(seed_states, starts)}
     return [start_of.get(id(variable), value) for variable, value in zip(model.non_trainable_variables, values)]
+
+
+def _on_cpu(tensor) -> bool:
+    devices = tensor.devices() if callable(getattr(tensor, "devices", None)) else [getattr(tensor, "device", "cpu")]
+    return all("cpu" in str(getattr(d, "platform", d)).lower() for d in devices)
 
 
 def _replicas(model) -> int:
