@@ -106,9 +106,9 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.budget_of = self._recorder.tensor_budget
         self._capture.start()
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
-        self._base, self._begun = max(int(model.optimizer.iterations), self._next), 0
+        self._base, self._begun = max(_steps_taken(model), self._next), 0
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
-        self._counted = (int(model.optimizer.iterations), self._base - 1) if _skips_steps(model) else None
+        self._counted = (_steps_taken(model), self._base - 1) if _skips_steps(model) else None
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
 
     def on_train_end(self, logs=None):
@@ -211,7 +211,7 @@ class TripwireCallback(keras.callbacks.Callback):
         its step count has not moved since the step that saw it move (read at sampled steps, and 30 steps after
         it was last seen to move: a step between two readings that ran is taken to be the last of them, so the
         count is never too high)."""
-        iterations = int(self._fit_model.optimizer.iterations)
+        iterations = _steps_taken(self._fit_model)
         if iterations != self._counted[0]:
             self._counted = (iterations, step)
         return step - self._counted[1]
@@ -352,9 +352,12 @@ def _skips_steps(model) -> bool:
 
 
 def _steps_taken(model) -> int:
-    """The optimizer's step count (0 for a model not trained, or without an optimizer)."""
+    """The optimizer's step count (0 for a model not trained, or without an optimizer). Read as an array: under a
+    distribution strategy it is a MirroredVariable, which int() refuses."""
     optimizer = getattr(model, "optimizer", None)
-    return int(optimizer.iterations) if optimizer is not None and hasattr(optimizer, "iterations") else 0
+    if optimizer is None or not hasattr(optimizer, "iterations"):
+        return 0
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
 
 def _built(model):

@@ -1,0 +1,58 @@
+"""A Keras fit under tf.distribute.MirroredStrategy over two logical CPUs (which must be made before TensorFlow
+starts: hence a process of its own), with tripwire's callback.
+
+usage: train_keras_mirrored.py RUN_URL REPLICAS [--nan-at STEP]
+--nan-at: that step's batch is scaled by 1e20 (the squared features overflow).
+Prints "learned BEFORE AFTER" (the loss of the first and last epoch) and the exploding_tensor verdict, if any.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import tensorflow as tf  # noqa: E402
+
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+
+import helpers  # noqa: E402
+from tripwire.plugins.keras import TripwireCallback  # noqa: E402
+
+
+class Square(keras.layers.Layer):
+    """x * x: overflows float32 once its input passes ~1.8e19."""
+
+    def call(self, x):
+        return x * x
+
+
+args = argparse.ArgumentParser()
+args.add_argument("run_url")
+args.add_argument("replicas", type=int)
+args.add_argument("--nan-at", type=int, default=None)
+a = args.parse_args()
+
+(x, y), _ = helpers.digits()
+x, y = x[:14 * 32].copy(), y[:14 * 32]
+if a.nan_at is not None:
+    x[a.nan_at * 32:(a.nan_at + 1) * 32] *= 1e20
+keras.utils.set_random_seed(0)
+with tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)]).scope():
+    inputs = keras.Input((64,))
+    h = keras.layers.Dropout(0.2, name="drop")(keras.layers.Dense(32, name="first")(inputs))
+    h = Square(name="square")(keras.layers.Dense(32, name="second")(h))
+    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="out")(h))
+    model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+callback = TripwireCallback({"collections": {"weights": {}, "gradients": {}, "losses": {}}, "sampling": {"every": 5},
+                             "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}]}, out_dir=a.run_url)
+history = model.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0, callbacks=[callback])
+losses = history.history["loss"]
+print("learned", losses[0], losses[-1])
+for verdict in callback.verdicts:
+    if verdict.rule == "exploding_tensor":
+        print("verdict", verdict.step, verdict.message)
