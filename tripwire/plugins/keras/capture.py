@@ -206,7 +206,7 @@ class StepCapture:
         with self._hooks(self._key):
             function = self._functions.get(self._key)
             if function is None:
-                function = self._functions[self._key] = self._make()
+                function = self._functions[self._key] = self._make(*args)
             try:
                 out = function(*args)
             finally:
@@ -221,12 +221,13 @@ class StepCapture:
             self._receive(name, what, value)
         return out
 
-    def _make(self):
+    def _make(self, *args):
         """The capture function, traced at its first call with the hooks in place."""
         if covers(self.model):
             return one_step_function(self.model)
         current = self.model.train_function  # else: Keras' own, or the model's own
-        self.model.make_train_function(force=True)
+        with _state_in_variables(self.model, args[0] if self.backend == "jax" and args else None):
+            self.model.make_train_function(force=True)
         function, self.model.train_function = self.model.train_function, current
         return function
 
@@ -430,6 +431,26 @@ class StepCapture:
 # Layers whose output keeps its input's layout: an activation's units are the features of the layer before them
 LAYOUT_KEEPING = (keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.ELU,
                   keras.layers.PReLU, keras.layers.BatchNormalization, keras.layers.Dropout)
+
+
+@contextlib.contextmanager
+def _state_in_variables(model, state):
+    """JAX: during an epoch Keras keeps the training state outside the model, whose variables it empties, and
+    under a distribution its `make_train_function` reads each variable's sharding from its value: the state the
+    step was handed is lent to the variables it empties (references, no copy) while it runs, and taken back."""
+    variables = (model.trainable_variables, model.non_trainable_variables,
+                 model.optimizer.variables if model.optimizer is not None else [], model.metrics_variables)
+    lent = []
+    for group, values in zip(variables, state or ()):
+        for variable, value in zip(group, values):
+            if getattr(variable, "_value", 0) is None:
+                variable._value = value
+                lent.append(variable)
+    try:
+        yield
+    finally:
+        for variable in lent:
+            variable._value = None
 
 
 def channels_axis(layer) -> int:
