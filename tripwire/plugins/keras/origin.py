@@ -15,8 +15,8 @@ output holds NaN/Inf. Where none did, the loss is where it began.
 On JAX the step is handed the state before it: there the check follows the step, on the loss it logged, and
 copies that state (a `lax.cond` holding a `jax.debug.callback`). Not with XLA on TensorFlow (`jit_compile`, its
 default on a GPU: XLA compiles no host callback), on an accelerator in eager mode (the read would wait for it),
-under a distribution strategy, or for a model with its own `train_step` (the forward replayed would not be its step's): there the
-NaN is told at its step without its origin.
+on several tf.distribute replicas (each computes its own loss), or for a model with its own `train_step` (the
+forward replayed would not be its step's): there the NaN is told at its step without its origin.
 """
 
 from __future__ import annotations
