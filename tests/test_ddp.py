@@ -127,3 +127,16 @@ def test_lightning_sharded_strategy_is_read_as_ddp_is_and_a_healthy_run_is_silen
         assert stored == pytest.approx(rank0["gradient"], rel=1e-4)
     assert run.tensor("weights/net.0.weight").reduction(100, "l2", worker=1) == \
         pytest.approx(run.tensor("weights/net.0.weight").reduction(100, "l2", worker=0), rel=1e-6)
+
+
+def test_ddp_spawn_pickles_the_callback_into_each_process(tmp_path):
+    """`strategy="ddp_spawn"` pickles the Trainer and its callbacks into the processes it starts: the callback's
+    capture plan held a per-instance cache pickle refused, so the fit died before its first step."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "train_ddp_spawn.py"),
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    before, after = (float(v) for v in proc.stdout.split("learned ")[1].split()[:2])
+    assert after < before / 2
+    run = tripwire.open_run(str(tmp_path / "run"))
+    assert run.info["status"] == "finished" and run.info["world_size"] == 2 and run.workers() == [0]
+    assert run.steps() and not [v for v in run.verdicts() if v.fired and v.severity in ("warning", "error")]

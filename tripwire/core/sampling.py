@@ -76,6 +76,14 @@ class CollectionPlan:
         object.__setattr__(self, "_patterns", (compile_(self.include), compile_(self.exclude)))
         object.__setattr__(self, "selects", lru_cache(maxsize=None)(self._selects))
 
+    def __getstate__(self) -> dict:
+        """Pickled without its caches (Lightning's ddp_spawn sends the callback, plan and all, to each process)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("selects", "_window_steps")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "selects", lru_cache(maxsize=None)(self._selects))
+
     def at_step(self, step: int | None, mode: str = "train") -> CollectionPlan:
         """This plan as due at `step`: its reductions (and full tensors) where its schedule samples the step, plus
         the windowed ones due there; only the latter at a step sampled for a window alone. None: everything."""
