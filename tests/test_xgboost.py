@@ -1,5 +1,6 @@
 """The XGBoost plugin on real boosting: rules firing and not, stop, checkpoint, sklearn, CLI, Dask on 2 workers."""
 
+import logging
 import pickle
 import subprocess
 import sys
@@ -484,3 +485,22 @@ def test_dask_a_stop_decided_on_rank_1_alone_stops_both_workers_at_the_same_roun
         assert steps.tolist() == [0, 1, 2, 3, 4]
     # rank 0 writes the checkpoint that rank 1 asked for
     assert (tmp_path / "rank1" / "checkpoints" / "step4.ubj").exists()
+
+
+def test_a_training_without_an_eval_set_is_told_what_to_pass(tmp_path, caplog):
+    """XGBoost logs a loss only for the eval sets it is given: without one the loss rules have nothing to judge,
+    and the run is empty under the default config. The user is told once, with what to pass; with an eval set,
+    not. And the end-of-training line does not read "checked up to step None"."""
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    caplog.set_level(logging.INFO, logger="tripwire")
+    xgb.XGBClassifier(n_estimators=20, callbacks=[TripwireCallback(out_dir=tmp_path / "bare")]).fit(x, y)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("has no eval set" in m and "eval_set=[(X_train, y_train)" in m for m in said) == 1
+    assert any("had nothing to check" in m for m in said) and not any("step None" in m for m in said)
+    caplog.clear()
+    model = xgb.XGBClassifier(n_estimators=20, callbacks=[TripwireCallback(out_dir=tmp_path / "evals")])
+    model.fit(x, y, eval_set=[(x, y)], verbose=False)
+    assert not any("has no eval set" in r.getMessage() for r in caplog.records)
+    assert model.evals_result()["validation_0"]["logloss"][-1] < 0.2  # it learns

@@ -232,6 +232,9 @@ class Recorder:
         if any(v.counts for v in fired):
             log.warning("tripwire: %s at step %s of %s:\n%s", "training ended" if self.engine is not None else
                         "the watcher's verdicts", self.last_step, self.run_url, summary(self.verdicts))
+        elif self.engine is not None and self.engine.slots and self.last_step is None:
+            log.info("tripwire: %d rule(s) had nothing to check in %s: this training recorded no step of anything "
+                     "the config captures.", len(self.engine.slots), self.run_url)
         elif self.engine is not None and self.engine.slots:
             idle = sorted({v.rule for v in self.verdicts if v.status == "no_data"})
             log.info("tripwire: %d rule(s) checked %s up to step %s; no warning or error%s%s.",

@@ -79,6 +79,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         self._state = "finished"
         self._verdicts: list = []
         self._unreadable: set = set()  # what a round of this training could not be read for: not tried again
+        self._evals_unseen = False  # the training has not yet shown whether it logs an eval set (told once if not)
 
     def __getstate__(self):
         return {k: self.__dict__[k] for k in ("config", "out_dir", "storage_options", "eval_data",
@@ -113,6 +114,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         if self._rank != 0 and self.config.workers == "all":
             self._start(model, config, self.run_url, True)
         wanted = set(self.config.collections).union(*(spec.create().needs() for spec in self.config.rules))
+        self._evals_unseen = bool({"losses", "metrics"} & wanted)
         if self._recorder is not None and self.eval_data is None and {"labels", "predictions"} & wanted:
             log.warning("tripwire: the config captures labels and predictions, but the callback has no eval_data: "
                         "pass TripwireCallback(..., eval_data=(X, y)).")
@@ -153,6 +155,13 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             self._recorder.alive()
         collections, evaluated = self._plan.at("train", epoch), self._plan.at("eval", epoch)
         train_loss, val_loss = eval_losses(evals_log)
+        if self._evals_unseen:
+            self._evals_unseen = False
+            if not evals_log and self._rank == 0:
+                log.warning("tripwire: this training has no eval set, so XGBoost logs no loss and the rules on it "
+                            "(loss_not_decreasing, overfit, exploding_tensor on the loss, …) have nothing to judge: "
+                            "pass evals=[(dtrain, 'train'), (dvalid, 'valid')] to xgb.train, or "
+                            "eval_set=[(X_train, y_train), (X_valid, y_valid)] to fit.")
         # the eval log is on the host at every round, whatever the schedule: every round of it is recorded
         logged = self._eval_log(evals_log, train_loss)
         if not (collections or evaluated or logged):
