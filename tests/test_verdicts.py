@@ -532,3 +532,79 @@ def test_stochastic_weight_averaging_s_batchnorm_pass_is_no_step_without_gradien
     with torch.no_grad():  # the averaged weights, with their statistics, learned
         assert (module.net(torch.tensor(xv)).argmax(1).numpy() == yv).mean() > 0.8
     assert [v.message for v in callback.verdicts if v.counts] == []
+
+
+def forward_forward_fit(out, steps_per_layer=250):
+    """pytorch/examples' mnist_forward_forward, on digits upsampled to 28x28: each layer has its own Adam (lr 0.03)
+    and a loss of its own (goodness of real against wrongly labelled samples), and is trained after the one
+    before it, through its own forward (the model's is never called). Returns (probe, validation error before,
+    after)."""
+    torch.manual_seed(1)
+    (x, y), (xv, yv) = helpers.digits()
+    def images(a):
+        a = torch.tensor(a).view(-1, 8, 8).repeat_interleave(3, 1).repeat_interleave(3, 2)
+        return torch.nn.functional.pad(a, (2, 2, 2, 2)).flatten(1)
+    x, xv, y, yv = images(x), images(xv), torch.tensor(y), torch.tensor(yv)
+
+    def overlay(x, y):
+        x = x.clone()
+        x[:, :10] = 0.0
+        x[range(len(x)), y] = x.max()
+        return x
+
+    class Layer(torch.nn.Linear):
+        def __init__(self, n_in, n_out):
+            super().__init__(n_in, n_out)
+            self.opt = torch.optim.Adam(self.parameters(), lr=0.03)
+
+        def forward(self, x):
+            return torch.relu(torch.mm(x / (x.norm(2, 1, keepdim=True) + 1e-4), self.weight.T) + self.bias)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(784, 500), Layer(500, 500)])
+
+        def predict(self, x):
+            goodness = []
+            for label in range(10):
+                h, g = overlay(x, torch.full((len(x),), label)), 0
+                for layer in self.layers:
+                    h = layer(h)
+                    g = g + h.pow(2).mean(1)
+                goodness.append(g)
+            return torch.stack(goodness, 1).argmax(1)
+
+    net = Net()
+    wrong = y.clone()
+    for i in range(len(y)):  # a wrong label for each sample
+        wrong[i] = (y[i] + 1 + torch.randint(9, ()).item()) % 10
+    positive, negative = overlay(x, y), overlay(x, wrong)
+    with torch.no_grad():
+        before = float((net.predict(xv) != yv).float().mean())
+    with TripwireProbe(net, [layer.opt for layer in net.layers], out_dir=out) as probe:
+        for layer in net.layers:  # one layer after another, on the last one's outputs
+            for _ in range(steps_per_layer):
+                good, bad = layer.forward(positive).pow(2).mean(1), layer.forward(negative).pow(2).mean(1)
+                loss = torch.log1p(torch.exp(torch.cat([2 - good, bad - 2]))).mean()
+                layer.opt.zero_grad()
+                loss.backward()
+                layer.opt.step()
+                probe.step(loss)
+            positive, negative = layer.forward(positive).detach(), layer.forward(negative).detach()
+    with torch.no_grad():
+        after = float((net.predict(xv) != yv).float().mean())
+    return probe, before, after
+
+def test_forward_forward_training_one_layer_after_another_is_silent_and_seen(tmp_path):
+    """Under the default config: the probe sees each layer's weights at the steps its optimizer steps (they were
+    never captured: the step began at probe.step, after the update); at the switch to the second layer the loss
+    of another objective starts high, which is no spike to roll back from (it was told at step 309); Adam's first
+    step rescales the first layer's small initialisation once (1.2x its norm, then 0.7x), no learning rate too
+    high."""
+    probe, before, after = forward_forward_fit(tmp_path / "run")
+    assert after < before / 4
+    run = tripwire.open_run(probe.run_url)
+    assert not [(v.rule, v.step, v.message) for v in run.verdicts() if v.fired and v.severity != "info"]
+    first, second = (run.tensor(f"weights/layers.{i}.weight").steps() for i in (0, 1))
+    assert first[:2] == [0, 1] and max(first) < 250 <= min(second)  # each while its optimizer steps

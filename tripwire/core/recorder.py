@@ -107,6 +107,7 @@ class Recorder:
         self._handed: set = set()  # (collection, mode) of the series handed over at every step (scalars): captured
         self._held: Decision | None = None  # actions on what they found between the plugin's calls, for poll()
         self._streaming = False  # recording what one found
+        self._objective_starts: list = []  # the steps from which another objective is trained (new_objective)
         self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -317,11 +318,23 @@ class Recorder:
         if math.isfinite(value):
             self.scalars(step, mode, {"losses/train": {"value": value}})
 
+    def new_objective(self, step: int) -> None:
+        """From this step on the training loss is another objective's: other optimizers step than at the step before
+        (a layer trained after another, as forward-forward training trains them). The rules that judge a series at
+        every step (loss_spike) judge it afresh from there; the steps before it may still be on their way."""
+        self._objective_starts.append(step)
+
     def _stream(self, step: int, values: dict) -> None:
         """A training step's values, the finite value of each streamed series handed to the rules that judge it at
         every step (loss_spike, gradient_spike); what one finds is recorded at this step, with the value, as
         `spikes/<rule id>` ({fact: value}), for the rule to judge (as a NaN loss between samples is: a sample of
         its own)."""
+        while self._objective_starts and step >= self._objective_starts[0]:
+            self._objective_starts.pop(0)
+            for _, _, stream in self._streams:
+                restart = getattr(stream, "restart", None)  # a user's rule's stream may have none
+                if restart is not None:
+                    restart()
         for rule_id, series, stream in list(self._streams):
             value = values.get(series, {}).get("value")
             if value is None:

@@ -29,6 +29,8 @@ ZERO_HINT = ("The learning-rate schedule gives 0 from the start of training. Lik
              "epochs were meant (or the reverse), a schedule stepped before the optimizer. Try: print the schedule's "
              "first values; use float division (step / total).")
 
+ONCE = 10.0  # times max_ratio one step's update must reach to be told alone (else two steps in a row)
+
 # Optimizers whose one step is a search over several evaluations of the loss (quasi-Newton, with its own step size):
 # a step may move the weights by their own size, and once converged not at all; neither says anything of a rate.
 SEARCHING = {"lbfgs"}
@@ -56,10 +58,12 @@ class LearningRate(Rule):
     condition = ("in the first `steps` steps: the learning rate is more than `far` times the highest an optimizer "
                  "of its class is commonly used with (SGD 1, Adam and AdamW 0.01, …; unknown optimizers are not "
                  "judged) where no update was measured (measured, the updates decide: gradient clipping caps "
-                 "the steps of a high rate, as pytorch's word language model trains SGD at 20), or one step changed "
-                 "at least `share` of the trainable kernels (zero-initialised ones "
-                 "left out) by more than `max_ratio` times their norm (too high; not for an optimizer that searches "
-                 "within its step, LBFGS); or, by the last of those steps, "
+                 "the steps of a high rate, as pytorch's word language model trains SGD at 20), or a step changed "
+                 "at least `share` of the trainable kernels (zero-initialised ones left out) by more than "
+                 "`max_ratio` times their norm at two steps in a row, or at one where that is ten times their norm "
+                 "or the rate is also `far` above its usual range (a first step may rescale a small "
+                 "initialisation once: Adam's moves every weight by about the rate; too high; not for an optimizer "
+                 "that searches within its step, LBFGS); or, by the last of those steps, "
                  "the rate is below the lowest the optimizer is commonly used with, did not rise (no warmup), and "
                  "the steps changed the kernels by less than `min_ratio` of their norm (median; too low); or the "
                  "rate is 0 after earlier steps trained (a rate above 0, or kernels moved), or at the first two "
@@ -77,6 +81,7 @@ class LearningRate(Rule):
     def __post_init__(self):
         self._done: set = set()  # workers judged
         self._seen: dict = {}  # worker -> [(learning rate, median update ratio)] of the first steps
+        self._rewrote: dict = {}  # worker -> whether its last judged step changed the kernels by > max_ratio
 
     def requires(self):
         window = tuple(range(self.steps))
@@ -104,8 +109,13 @@ class LearningRate(Rule):
                                    "step from here on changes nothing.", severity="error", finding="zero",
                              hint=ZERO_HINT, rate=rate, started=started)
         over = [r for r in ratios.values() if r > self.max_ratio]
-        rewrites = len(ratios) >= 1 and len(over) >= self.share * len(ratios)
+        rewrote = len(ratios) >= 1 and len(over) >= self.share * len(ratios)
         far = rate is not None and usual is not None and rate > self.far * usual[1]
+        # a first step may rescale a small initialisation once (Adam's moves every weight by about the rate:
+        # forward-forward training grows its layers so, 1.2x at step 0, 0.7x at 1, 0.5x at 2): one step is told
+        # where the rate is also far outside its usual range or the step is ten times the weights, else two in a row
+        before, self._rewrote[run.default_worker] = self._rewrote.get(run.default_worker, False), rewrote
+        rewrites = rewrote and (far or before or middle > ONCE * self.max_ratio)
         with_what = f" with {optimizer}" if optimizer else ""
         named = f"learning rate {rate:g}{with_what}" if rate is not None else f"the learning rate{with_what}"
         if rewrites or (far and not ratios):  # measured, the updates decide: clipping caps a high rate's steps

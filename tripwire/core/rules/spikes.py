@@ -54,7 +54,9 @@ class LossSpike(Rule):
                  "network: they grow as its values do), nor on one that adds up over a number of forward passes "
                  "that changes from "
                  "step to step (reinforcement learning: the loss of an episode grows with its length as the agent "
-                 "learns; the probe, three or more numbers in the first 20 steps)")
+                 "learns; the probe, three or more numbers in the first 20 steps); judged afresh from a step at which "
+                 "none of the optimizers that stepped at the step before steps (the probe: a layer trained after "
+                 "another, as forward-forward training trains them, starts its own loss high)")
     hint = ("The loss jumped and stays up: a batch of bad data, a learning rate too high for this stage (after a "
             "warmup or a restart of the schedule), fp16 overflow, an optimizer state that went stale after "
             "a resume. Roll back to the checkpoint before the step it began and skip that data, or lower the "
@@ -139,6 +141,11 @@ class SpikeWatch:
         self.window, self.threshold, self.ratio, self.patience = int(window), threshold, ratio, int(patience)
         self.progress = progress
         self.min_seen = self.window if min_seen is None else min(int(min_seen), self.window)
+        self.restart()
+
+    def restart(self) -> None:
+        """Judge what comes next on its own: the series is another objective's from here (the optimizers that step
+        changed: a layer trained after another, as in forward-forward training)."""
         self._recent: list = []  # the last `window` losses outside spikes
         self._limit: float | None = None  # above it a loss is high
         self._level = 0.0

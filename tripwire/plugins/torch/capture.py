@@ -156,8 +156,9 @@ class TorchCapture:
             if param.grad is not None:
                 self.take("gradients", path, param.grad, info.layer_class)
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
+            idle = self._held_idle(optimizers, ran)
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
-                if path not in self._taken:
+                if path not in self._taken and path not in idle:
                     self.take(parameter_collection(info.role, path), path, param, info.layer_class)
                     if param.grad is not None:  # a gradient no optimizer applied at this step (or ever)
                         self.take("gradients", path, param.grad, info.layer_class)
@@ -290,6 +291,16 @@ class TorchCapture:
             f"a {type(value).__name__}"
         log.warning("tripwire: %s (%s) is not captured: %s.", name, what,
                     exc if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {exc}")
+
+    def _held_idle(self, optimizers, ran) -> set:
+        """The paths of the parameters held only by optimizers that did not step at this step while another did
+        (`ran`: the ids of those that stepped, where known): their step did not happen, as a skipped step's did not
+        (a layer that a later phase trains, as forward-forward training trains one layer after another)."""
+        if not ran:
+            return set()
+        held = {id(_real(o)): {path for path, _, _ in self._parameters_of(o)} for o in optimizers}
+        stepping = set().union(*(paths for key, paths in held.items() if key in ran))
+        return set().union(*(paths for key, paths in held.items() if key not in ran)) - stepping
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all

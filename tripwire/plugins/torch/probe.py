@@ -110,6 +110,8 @@ class TripwireProbe:
         self._begun = False  # a forward pass (or step()) began the current step
         self._stepping = False  # an optimizer stepped during the current step
         self._skipped = 0  # training steps in a row in which no optimizer stepped (accumulation, a GradScaler's skip)
+        self._stepped_now: set = set()  # the ids of the optimizers that stepped in this step, and in the last that
+        self._stepped_last: set = set()  # any did: where none is in both, another objective is trained (spikes)
         self._in_step = None  # the optimizer whose step is running (a closure's forward may begin the step in it)
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
@@ -157,6 +159,11 @@ class TripwireProbe:
         step = self.global_step
         self.global_step += 1
         trained, self._after_optimizer, self._stepping = self._stepping, self._stepping, False
+        stepped, self._stepped_now = self._stepped_now, set()
+        if stepped:  # none of the optimizers that stepped before: another objective from here
+            if self._stepped_last and not stepped & self._stepped_last:
+                self._recorder.new_objective(step)
+            self._stepped_last = stepped
         forwards = self._count_forwards()
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
@@ -280,12 +287,15 @@ class TripwireProbe:
             self._forward = (args, kwargs, output, None)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        closure = step_closure(args, kwargs) is not None
+        if not self._begun and not closure:  # no forward of the model began this step (a loop that calls its
+            self._begin()  # layers' forward itself, as forward-forward training does): it begins here, before the update
         self._stepping, self._in_step = True, optimizer
+        self._stepped_now.add(id(optimizer))
         self._end_look()
         if self._objectives is not None:
             self._objectives.before(optimizer)
         self._capture.stepped(optimizer)
-        closure = step_closure(args, kwargs) is not None
         if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
             self._capture.before_optimizer_step(optimizer, gradients_later=closure)
         if self._forward is not None and self._forward[3] is None and not closure:
