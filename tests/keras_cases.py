@@ -107,6 +107,19 @@ def test_the_layer_where_a_nan_began_is_named_and_the_replay_changes_nothing(tmp
         np.testing.assert_array_equal(traced, plain)
 
 
+def test_a_nan_at_a_step_sampled_for_other_collections_is_told_as_the_loss(tmp_path):
+    """Step 5 is sampled by the default config for the first steps' rules, not for the loss: the NaN loss Keras
+    logs joins that sample, and the verdict names the loss (it named the origin's fact alone on torch)."""
+    (x, y), _ = helpers.digits()
+    x = x[:8 * 32].copy()
+    x[5 * 32 + 3, 5] = np.nan
+    cb = TripwireCallback(out_dir=tmp_path / "run")
+    squared_features("sparse_categorical_crossentropy").fit(x, y[:8 * 32], batch_size=32, epochs=1, shuffle=False,
+                                                            verbose=0, callbacks=[cb])
+    (verdict,) = [v for v in cb.verdicts if v.rule == "exploding_tensor"]
+    assert verdict.step == 5 and verdict.message.startswith("losses/train is not finite")
+
+
 def test_a_learning_rate_far_too_low_is_named_once_the_first_steps_are_in(tmp_path):
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
     fit(cb, mlp(lr=1e-7, optimizer="adam"), epochs=1)

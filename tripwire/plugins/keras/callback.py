@@ -200,7 +200,11 @@ class TripwireCallback(keras.callbacks.Callback):
                 values[f"metrics/{key}"] = {"value": float(value)}
         if self._counted is not None and "relations" in plans:
             values["relations/skipped_steps"] = {"value": float(self._skipped(step))}
-        self._decide(self._recorder.record(step, "train", {**values, **self._origin()}, tensors), step)
+        # a NaN in the loss Keras logs joins a sample that does not hold the loss (one sampled for other collections)
+        logged = (logs or {}).get("loss")
+        nonfinite = logged is not None and np.ndim(logged) == 0 and not np.isfinite(float(logged))
+        self._decide(self._recorder.record(step, "train", {**values, **self._origin()}, tensors,
+                                           loss=float(logged) if nonfinite else None), step)
 
     def _origin(self) -> dict:
         """{`origin/<layer>`: facts} of the step just run, where its loss was not finite (once); else {}."""
