@@ -307,6 +307,56 @@ class ManualStep(keras.Sequential):
         return {"loss": loss}
 
 
+class TwoOptimizers(keras.Model):
+    """A train step that applies two optimizers of its own, a GAN's way: `compile()` without one leaves
+    `model.optimizer` Keras' default RMSprop, which never steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu")], name="body")
+        self.head = keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)], name="head")
+
+    def call(self, x, training=False):
+        return self.head(self.body(x))
+
+    def compile(self, body_optimizer, head_optimizer):
+        super().compile()
+        self.body_optimizer, self.head_optimizer = body_optimizer, head_optimizer
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            loss = keras.losses.sparse_categorical_crossentropy(y, self(x, training=True), from_logits=True)
+            loss = keras.ops.mean(loss)
+        for optimizer, part in ((self.body_optimizer, self.body), (self.head_optimizer, self.head)):
+            optimizer.apply_gradients(zip(tape.gradient(loss, part.trainable_weights), part.trainable_weights))
+        return {"xent": loss}  # "loss" is the loss tracker's, which compile() without a loss never updates
+
+
+def test_optimizers_of_a_custom_train_step_passed_through_wrap_optimizer_are_captured(tmp_path, caplog):
+    """As the README says: wrap the optimizers your train_step applies. Only model.optimizer's hooks were turned
+    on in a capture, so nothing of these was captured, and the callback advised wrap_optimizer again."""
+    from tripwire.plugins.keras import wrap_optimizer
+
+    keras.utils.set_random_seed(0)
+    model = TwoOptimizers()
+    model.compile(wrap_optimizer(keras.optimizers.SGD(0.1)), wrap_optimizer(keras.optimizers.SGD(0.1)))
+    cb = TripwireCallback({"collections": {"gradients": {}, "weights": {}}, "sampling": {"every": 10},
+                           "rules": ["vanishing_gradient"]}, out_dir=tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="tripwire"):
+        fit(cb, model, epochs=2, validation=False)
+    (x, y), _ = helpers.digits()
+    assert np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y) > 0.9
+    assert not any("wrap_optimizer" in r.getMessage() for r in caplog.records)
+    run = tripwire.open_run(cb.run_url)
+    kernels = [n for n in run.tensor_names("gradients") if n.endswith("kernel")]
+    assert len(kernels) == 2 and {"body", "head"} == {n.split("/")[1] for n in kernels}
+    assert run.tensor(kernels[0]).steps() == list(range(0, 86, 10))
+    assert not fired(cb.run_url)
+
+
 def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, caplog):
     keras.utils.set_random_seed(0)
     model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])

@@ -51,7 +51,7 @@ from tripwire.core.reductions import applicable
 from tripwire.core.reductions import plain_array
 from tripwire.core.reductions import reduce as reduce_numpy
 
-from .hooks import KeptLoss, hooks_of
+from .hooks import KeptLoss, all_hooks
 from .reduce import COMPUTE as DEVICE_REDUCTIONS
 from .reduce import reduce_ops
 from .tf_step import UnsampledSteps, covers, one_step_function
@@ -242,7 +242,7 @@ class StepCapture:
         previous = [vars(obj).get(attr) for obj, attr, _ in patches]
         for obj, attr, function in patches:
             object.__setattr__(obj, attr, function)
-        hooks = hooks_of(self.model.optimizer)
+        hooks = all_hooks(self.model)
         for hook in hooks:
             hook.capture = self
         try:

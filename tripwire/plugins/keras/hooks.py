@@ -4,11 +4,14 @@ also keeps each step's loss in the function of the unsampled steps (`KeptLoss`).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import keras
 
 from . import origin
+
+_WRAPPED = weakref.WeakSet()  # every optimizer wrap_optimizer wrapped, while it lives
 
 if TYPE_CHECKING:
     from .capture import StepCapture
@@ -93,6 +96,7 @@ def wrap_optimizer(optimizer):
     for target, method, hook in ((inner, "apply", ApplyHook), (optimizer, "scale_loss", LossHook)):
         if not isinstance(vars(target).get(method), hook):
             object.__setattr__(target, method, hook(target))  # no attribute tracking: it is not state
+    _WRAPPED.add(optimizer)
     return optimizer
 
 
@@ -113,6 +117,14 @@ def hook_model(model):
     if (new_hook or new_guard and step_guard is not None) and model.train_function is not None:
         model.make_train_function(force=True)
     return step_guard
+
+
+def all_hooks(model) -> list:
+    """The hooks a capture of this model's step turns on: its optimizer's, and those of every optimizer passed
+    through wrap_optimizer (a GAN's train_step applies its own two, while `model.optimizer` is the one `compile()`
+    made by default and never steps)."""
+    optimizers = [model.optimizer] + [o for o in list(_WRAPPED) if o is not model.optimizer]
+    return [hook for optimizer in optimizers for hook in hooks_of(optimizer)]
 
 
 def hooks_of(optimizer) -> list:
