@@ -298,6 +298,7 @@ def test_the_packaged_xgboost_yaml_is_silent_on_healthy_boosters_and_catches_fau
     (np.eye(3)[[0, 1, 2]], np.eye(3)[[0, 2, 2]] * 5, [0, 2, 2]),  # one-hot labels, [n, C] scores
     (np.array([0, 1, 2]), np.array([0.0, 2.0, 2.0]), [0, 2, 2]),  # class ids predicted
     (np.array([[1, 2, -100]]), np.eye(4)[[[1, 3, 0]]], [1, 3]),  # tokens: [n, T] ids, [n, T, V] logits, padding
+    (np.array([[0], [2], [1]]), np.eye(3)[[0, 1, 1]], [0, 1, 1]),  # [n, 1] ids (Keras' sparse losses take them)
 ])
 def test_class_rules_read_labels_and_predictions_in_every_format(labels, scores, expected):
     from tripwire.core.rules.classification import _classified

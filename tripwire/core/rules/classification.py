@@ -4,7 +4,7 @@ They read the full `labels` and `predictions` tensors, pooled over the newest
 saved steps until `samples` labels are in hand: one XGBoost eval set at one
 boosting round, or the last few batches of a neural network. The data is a
 classifier's only where the shapes say so (`_classified`): scores with a class
-axis after the labels' shape ([n] labels with [n, C] scores, [n, T] token
+axis after the labels' shape ([n] or [n, 1] labels with [n, C] scores, [n, T] token
 labels with [n, T, V] logits), one-hot labels with scores of their shape, or
 one score per label (binary). Anything else (a regressor's targets, an
 autoencoder's reconstructions) is not judged: `no_data`. Labels of a
@@ -135,6 +135,9 @@ NOT_CLASS_IDS_HINT = ("The labels fed to the classifier are not class ids (e.g. 
 def _classified(labels: np.ndarray, scores: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """(class ids, predicted class ids), one per labelled element, from a classifier's labels and predictions."""
     labels, scores = np.asarray(labels), np.asarray(scores)
+    if labels.ndim == scores.ndim >= 2 and labels.shape[-1] == 1 and scores.shape[-1] >= 2 and \
+            labels.shape[:-1] == scores.shape[:-1]:
+        labels = labels[..., 0]  # class ids with a trailing axis of 1, as Keras' sparse losses take them
     if scores.ndim == labels.ndim + 1 and scores.shape[:-1] == labels.shape and scores.shape[-1] >= 2:
         y, predicted = labels.reshape(-1), scores.reshape(-1, scores.shape[-1]).argmax(axis=1)
         classes = scores.shape[-1]
