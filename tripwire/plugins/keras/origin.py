@@ -86,8 +86,20 @@ class StepGuard:
             self._x, self._seeds = None, []
 
     def watch(self, loss) -> None:
+        try:
+            self._watch(loss)
+        except Exception as exc:  # noqa: BLE001 - the guard must never break the step it watches
+            self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        """Stop looking for where a NaN begins in this training, and say so once: training goes on."""
+        self.done = True
+        log.warning("tripwire: where a NaN begins is not looked for in this training (%s: %s); a NaN is still told "
+                    "at its step.", type(exc).__name__, exc)
+
+    def _watch(self, loss) -> None:
         leaves = keras.tree.flatten(self._x)
-        if not leaves or not all(ops.is_tensor(leaf) for leaf in leaves):
+        if not leaves or not all(_dense(leaf) for leaf in leaves):  # sparse or ragged inputs: not copied
             return
         self._layout = keras.tree.map_structure(lambda leaf: 0, self._x)
         if not _eager():
@@ -114,32 +126,45 @@ class StepGuard:
         logs, after = self.step(state, data)
         x = keras.utils.unpack_x_y_sample_weight(data)[0]
         leaves, loss = keras.tree.flatten(x), logs.get("loss") if isinstance(logs, dict) else None
-        if self.done or loss is None or not leaves or not all(ops.is_tensor(leaf) for leaf in leaves):
+        if self.done or loss is None or not leaves or not all(_dense(leaf) for leaf in leaves):
             return logs, after
-        self._layout = keras.tree.map_structure(lambda leaf: 0, x)
-        trainable, non_trainable = list(state[0]), list(state[1])
-        where = {id(v): i for i, v in enumerate(self.model.non_trainable_variables)}
-        values = trainable + non_trainable + [non_trainable[where[id(s)]] for s in self._seed_states] + leaves
-        if isinstance(loss, jax.core.Tracer):
-            jax.lax.cond(jnp.all(jnp.isfinite(loss)), lambda: None, lambda: jax.debug.callback(self._keep, *values))
-        elif _on_cpu(loss) and not np.isfinite(np.asarray(loss)).all():
-            self._keep(*values)
+        try:
+            self._layout = keras.tree.map_structure(lambda leaf: 0, x)
+            trainable, non_trainable = list(state[0]), list(state[1])
+            where = {id(v): i for i, v in enumerate(self.model.non_trainable_variables)}
+            values = trainable + non_trainable + [non_trainable[where[id(s)]] for s in self._seed_states] + leaves
+            if isinstance(loss, jax.core.Tracer):
+                jax.lax.cond(jnp.all(jnp.isfinite(loss)), lambda: None,
+                             lambda: jax.debug.callback(self._keep, *values))
+            elif _on_cpu(loss) and not np.isfinite(np.asarray(loss)).all():
+                self._keep(*values)
+        except Exception as exc:  # noqa: BLE001 - the guard must never break the step it watches
+            self._give_up(exc)
         return logs, after
 
     def _values(self) -> list:
         return [ops.convert_to_tensor(v) for v in self.model.trainable_variables + self.model.non_trainable_variables]
 
     def _keep(self, *arrays) -> np.bool_:
-        if not self.done:
-            self.done = True
-            arrays = [np.array(ops.convert_to_numpy(a)) for a in arrays]
-            trainable = len(self.model.trainable_variables)
-            non_trainable = trainable + len(self.model.non_trainable_variables)
-            states = arrays[non_trainable:non_trainable + len(self._seed_states)]
-            self.kept = (arrays[:trainable], _with_seeds(self.model, arrays[trainable:non_trainable],
-                                                         self._seed_states, states),
-                         arrays[non_trainable + len(self._seed_states):])
+        """On the host, inside the step (a host callback): copies what the replay needs, once. Never raises: an
+        error here would end the step it runs in."""
+        if self.done:
+            return np.bool_(True)
+        try:
+            self._copy(arrays)
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(exc)
         return np.bool_(True)
+
+    def _copy(self, arrays) -> None:
+        self.done = True
+        arrays = [np.array(ops.convert_to_numpy(a)) for a in arrays]
+        trainable = len(self.model.trainable_variables)
+        non_trainable = trainable + len(self.model.non_trainable_variables)
+        states = arrays[non_trainable:non_trainable + len(self._seed_states)]
+        self.kept = (arrays[:trainable], _with_seeds(self.model, arrays[trainable:non_trainable],
+                                                     self._seed_states, states),
+                     arrays[non_trainable + len(self._seed_states):])
 
     def origin(self) -> dict:
         """{`origin/<layer path>`: facts} of the step whose loss went non-finite, once; {} where none was kept or
@@ -217,6 +242,22 @@ def _with_seeds(model, values: list, seed_states: list, starts: list) -> list:
     """The non-trainable values with each seed generator's state as it was at the step's start."""
     start_of = {id(state): start for state, start in zip(seed_states, starts)}
     return [start_of.get(id(variable), value) for variable, value in zip(model.non_trainable_variables, values)]
+
+
+def _dense(leaf) -> bool:
+    """A plain tensor of the backend, which a host callback takes as it is (not a sparse or ragged one)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return isinstance(leaf, tf.Tensor)
+    if backend == "jax":
+        import jax
+
+        return isinstance(leaf, jax.Array)
+    import torch
+
+    return isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided
 
 
 def _on_cpu(tensor) -> bool:
