@@ -78,9 +78,9 @@ def hand_written_nll(y, p):
 @pytest.mark.parametrize("fault", ["overflow", "nan_input", "loss"])
 def test_the_layer_where_a_nan_began_is_named_and_the_replay_changes_nothing(tmp_path, fault):
     """At step 13 a batch scaled by 1e20 (the squared features overflow), a NaN in one input, or a batch scaled by
-    1e3 under a hand-written loss without BatchNorm (the softmax saturates: log(0)). The default config, which samples every 100
-    steps: the NaN is caught, and where it began found from the state before the update of the step it appears
-    in."""
+    1e3 under a hand-written loss without BatchNorm (the softmax saturates: log(0)). The default config, which
+    samples every 100 steps: the NaN is caught, and where it began found from the state before the update of the
+    step it appears in."""
     (x, y), _ = helpers.digits()
     x, y = x[:14 * 32].copy(), y[:14 * 32]
     if fault == "nan_input":

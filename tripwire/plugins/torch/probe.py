@@ -289,7 +289,7 @@ class TripwireProbe:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         closure = step_closure(args, kwargs) is not None
         if not self._begun and not closure:  # no forward of the model began this step (a loop that calls its
-            self._begin()  # layers' forward itself, as forward-forward training does): it begins here, before the update
+            self._begin()  # layers' forward itself, as forward-forward training does): here, before the update
         self._stepping, self._in_step = True, optimizer
         self._stepped_now.add(id(optimizer))
         self._end_look()
