@@ -64,6 +64,27 @@ def test_captures_a_plain_loop_at_the_sampled_steps(tmp_path):
     assert run.tensor("optimizer/lr").series()[1].tolist() == [0.1] * 5
 
 
+def test_a_compiled_model_is_named_as_the_model_it_compiles(tmp_path):
+    """torch.compile wraps the model in a module that holds it as `_orig_mod`, and activation checkpointing wraps a
+    layer as `_checkpoint_wrapped_module`: neither is a layer of the user's, so the tensors carry the same names as
+    the plain model's and the runs of one model compare."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    names = {}
+    for wrapped in (False, True):
+        net, optimizer, batches = model_and_data()
+        model = torch.compile(torch.nn.Sequential(net[0], net[1], checkpoint_wrapper(net[2])), backend="eager") \
+            if wrapped else net
+        with TripwireProbe(model, optimizer, CAPTURE, out_dir=tmp_path / f"run-{wrapped}") as probe:
+            train(probe, model, optimizer, batches, 23)
+        run = tripwire.open_run(probe.run_url)
+        names[wrapped] = run.tensor_names()
+        assert run.model.name == "Sequential" and list(run.model.parameters) == ["0.weight", "0.bias", "2.weight",
+                                                                                  "2.bias"]
+        assert run.tensor("losses/train").reduction(20) < 0.8 * run.tensor("losses/train").reduction(0)
+    assert names[True] == names[False] and "gradients/2.weight" in names[True] and "activations/1" in names[True]
+
+
 def test_hooks_run_only_on_sampled_steps_and_are_removed_at_close(tmp_path):
     net, optimizer, batches = model_and_data()
     probe = TripwireProbe(net, optimizer, CAPTURE, out_dir=tmp_path / "run")

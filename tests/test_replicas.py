@@ -57,6 +57,7 @@ def test_healthy_ddp_loop_records_equal_replicas_and_stays_silent(tmp_path):
         run = tripwire.open_run(result["run_url"])
         assert [v for v in run.verdicts() if v.fired] == []
         assert differ(run) == [(0, 0.0), (1, 0.0), (2, 0.0), (10, 0.0)]
+        assert list(run.model.parameters)[:2] == ["0.weight", "0.bias"]  # as the model names them: no `module.`
 
 
 def test_a_probe_on_rank_0_alone_makes_no_collective(tmp_path):

@@ -26,6 +26,7 @@ from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
 from .relations import GradientPath, GradientsCleared, StepEffect
+from .structure import named_modules, named_parameters
 
 log = logging.getLogger("tripwire")
 
@@ -311,7 +312,7 @@ class TorchCapture:
         if key not in self._held:
             held = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
             self._held[key] = [(path, param, self.model.parameters[path])
-                               for path, param in self.module.named_parameters()
+                               for path, param in named_parameters(self.module)
                                if param.requires_grad and path in self.model.parameters
                                and (held is None or id(param) in held)]
         return self._held[key]
@@ -321,7 +322,7 @@ class TorchCapture:
         name. The modules are found once, the hooks made once; they are registered for this step only."""
         if self._activation_hooks is None:
             self._activation_hooks = []
-            modules = dict(self.module.named_modules())
+            modules = dict(named_modules(self.module))
             for path, module in modules.items():
                 kind = type(module).__name__
                 leaf = next(module.children(), None) is None

@@ -28,6 +28,8 @@ import torch
 
 from tripwire.core.rules.origins import OWN_FORWARD, loss_facts, origin_facts
 
+from .structure import named_modules, unwrapped
+
 log = logging.getLogger("tripwire")
 
 
@@ -39,8 +41,8 @@ def find_origin(model: torch.nn.Module, forward, *, computes_loss: bool = False)
     which was not finite: where every module's output was (the model's own aside), the loss computation is where it
     began (`origin/loss`, with the largest |value| of the output of the last of the model's parts with parameters
     to run)."""
-    names = {module: path for path, module in model.named_modules()}
-    parts = {module for _, module in model.named_children() if next(module.parameters(), None) is not None}
+    names = {module: path for path, module in named_modules(model)}
+    parts = {module for module in unwrapped(model).children() if next(module.parameters(), None) is not None}
     found: dict = {}
     last = []  # the output of the last part to run
 

@@ -37,6 +37,7 @@ import torch
 
 from .lateread import LateRead
 from .reduce import local_shard
+from .structure import named_modules
 
 log = logging.getLogger("tripwire")
 
@@ -109,7 +110,7 @@ class GradientPath:
         self._made: set = set()  # the storages of the float outputs of the modules that ran
         self._done = 0  # module forwards ended so far
         self._handles: list = []
-        for path, m in module.named_modules():
+        for path, m in named_modules(module):
             own = [(f"{path}.{name}" if path else name, p) for name, p in m.named_parameters(recurse=False)
                    if p.requires_grad]
             self._handles.append(m.register_forward_hook(self._after(own)))

@@ -12,6 +12,7 @@ output were not normalised.
 from __future__ import annotations
 
 import math
+import sys
 
 from torch import nn
 
@@ -31,6 +32,56 @@ _ROLES = {
     "attention": {"in_proj_weight": "kernel", "q_proj_weight": "kernel", "k_proj_weight": "kernel",
                   "v_proj_weight": "kernel", "in_proj_bias": "bias", "bias_k": "bias", "bias_v": "bias"},
 }
+
+
+# Modules that wrap the user's model and add no layer of their own, with the attribute that holds it: its segment
+# is left out of every path, so that a tensor is named as the user's model names it, wrapped or not
+# (`net.0.weight`, not `_orig_mod.net.0.weight` under torch.compile or `module.net.0.weight` under DDP), and the
+# runs of one model compare. Each class is looked up where its module is imported already: nothing is imported.
+_WRAPPERS = (("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+             ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
+             ("torch.nn.parallel.data_parallel", "DataParallel", "module"),
+             ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper",
+              "_checkpoint_wrapped_module"))
+
+
+def _wrapped_under(module) -> str | None:
+    """The attribute under which `module` holds the module it wraps, where it is one of the _WRAPPERS."""
+    for where, name, attribute in _WRAPPERS:
+        wrapper = getattr(sys.modules.get(where), name, None)
+        if wrapper is not None and isinstance(module, wrapper):
+            return attribute
+    return None
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The user's model inside the wrappers around it (_WRAPPERS)."""
+    while (attribute := _wrapped_under(model)) is not None:
+        model = getattr(model, attribute)
+    return model
+
+
+def _user_path(model: nn.Module, path: str) -> str:
+    """`path` of a module or parameter in `model` without the segments of the wrappers on the way (_WRAPPERS)."""
+    kept, module = [], model
+    for part in path.split(".") if path else ():
+        if _wrapped_under(module) != part:
+            kept.append(part)
+        module = getattr(module, part, None)
+    return ".".join(kept)
+
+
+def named_modules(model: nn.Module, remove_duplicate: bool = True):
+    """`model.named_modules()`, each path as the user's model names it (_user_path); a wrapper shares the path of
+    the module it wraps."""
+    for path, module in model.named_modules(remove_duplicate=remove_duplicate):
+        yield _user_path(model, path), module
+
+
+def named_parameters(model: nn.Module):
+    """`model.named_parameters()`, each path as the user's model names it (_user_path)."""
+    for path, param in model.named_parameters():
+        yield _user_path(model, path), param
 
 
 def _transposed_dense(module: nn.Module) -> bool:
@@ -79,7 +130,7 @@ def _is_activation(module: nn.Module) -> bool:
 def _sequence(model: nn.Module) -> list:
     """(path, module) of the layers with parameters, the normalisations and the activations, in the order the
     model registers them (the order most models compute them in)."""
-    return [(path, m) for path, m in model.named_modules()
+    return [(path, m) for path, m in named_modules(model)
             if path and not isinstance(m, _PASS_THROUGH) and
             (_has_parameters(m) or isinstance(m, _NORMS) or _is_activation(m))]
 
@@ -121,7 +172,7 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
     followers = _followers(sequence)
     first: dict[int, str] = {}
     parameters = {}
-    for layer, module in model.named_modules(remove_duplicate=False):
+    for layer, module in named_modules(model, remove_duplicate=False):
         kind = layer_type(module)
         for name, param in module.named_parameters(recurse=False):
             path = f"{layer}.{name}" if layer else name
@@ -140,7 +191,7 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
             first.setdefault(id(param), path)
     classes = tuple(type(getattr(o, "optimizer", o)).__name__ for o in optimizers or () if o is not None)
     scaled = type(sequence[0][1]).__name__ if sequence and isinstance(sequence[0][1], _NORMS) else ""
-    return ModelInfo(type(model).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
+    return ModelInfo(type(unwrapped(model)).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
                      classes, scaled, _running_keep(model))
 
 
@@ -155,5 +206,5 @@ def _running_keep(model: nn.Module) -> float | None:
 
 def _in_parameter_order(model: nn.Module, parameters: dict) -> dict:
     """The parameters in `named_parameters()` order, the order tripwire captures them in, then the tied aliases."""
-    order = [path for path, _ in model.named_parameters()]
+    order = [path for path, _ in named_parameters(model)]
     return {**{p: parameters[p] for p in order if p in parameters}, **parameters}
