@@ -577,6 +577,31 @@ def test_integer_inputs_are_measurements_unless_a_layer_reads_them_as_ids(tmp_pa
         assert verdict.step == 2 and "values from 0 to 255" in verdict.message  # the first 3 batches
 
 
+@pytest.mark.parametrize("given_as", ["dict", "list"])
+def test_each_input_of_a_model_of_several_is_captured_by_its_name(tmp_path, given_as):
+    """keras.io's structured-data recipes feed a dict of inputs, one per feature, by name (raw measurements in the
+    thousands beside scaled ones): each is captured and judged on its own, `inputs/<key>` (`inputs/x.<i>` for a
+    list); none was before."""
+    (xt, yt), _ = helpers.digits()
+    raw, scaled = xt[:, :8] + 50.0, xt[:, 8:]  # measurements around 50
+    keras.utils.set_random_seed(0)
+    inputs = {"raw": keras.Input((8,), name="raw"), "scaled": keras.Input((56,), name="scaled")}
+    hidden = keras.layers.Dense(32, activation="relu")(keras.layers.Concatenate()([inputs["raw"], inputs["scaled"]]))
+    model = keras.Model(inputs if given_as == "dict" else [inputs["raw"], inputs["scaled"]],
+                        keras.layers.Dense(10)(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"])
+    cb = TripwireCallback({"sampling": {"every": 10}, "rules": ["input_not_normalized"]}, out_dir=tmp_path / "run")
+    x = {"raw": raw, "scaled": scaled} if given_as == "dict" else [raw, scaled]
+    history = model.fit(x, yt, batch_size=32, epochs=3, verbose=0, callbacks=[cb]).history
+    assert history["accuracy"][-1] > 0.8, history["accuracy"]
+    run = tripwire.open_run(cb.run_url)
+    names = {"dict": ("inputs/raw", "inputs/scaled"), "list": ("inputs/x.0", "inputs/x.1")}[given_as]
+    assert set(names) <= set(run.tensor_names("inputs"))
+    (verdict,) = [v for v in run.verdicts() if v.fired]
+    assert verdict.rule == "input_not_normalized" and verdict.finding == names[0] and verdict.step == 2
+
+
 def test_a_nested_model_s_layers_are_read_in_their_order(tmp_path):
     """keras.io's supervised contrastive example nests its encoder, an adapted Normalization first, in the
     classifier. Keras' recursive walk of the layers visits a nested model's layers last-first: the Normalization was

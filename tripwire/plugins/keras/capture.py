@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Mapping
 
 import keras
 import numpy as np
@@ -91,6 +92,16 @@ def keras_function_of(model):
         return function.keras_function
     owner = getattr(function, "__self__", None)
     return owner.keras_function if isinstance(owner, StepCapture) else function
+
+
+def _named_inputs(x) -> list:
+    """(path, tensor) of a batch's inputs: `x` for one; a model of several inputs (keras.io's structured-data
+    recipes feed one per feature, by name) gives each its key, or `x.<i>` where they come as a list."""
+    if isinstance(x, Mapping):
+        return [(str(key), part) for key, part in x.items()]
+    if isinstance(x, (tuple, list)):
+        return [(f"x.{i}", part) for i, part in enumerate(x)]
+    return [("x", x)]
 
 
 class StepCapture:
@@ -290,10 +301,11 @@ class StepCapture:
 
             self._graph = tf.compat.v1.get_default_graph()
         x, y, _ = keras.utils.unpack_x_y_sample_weight(args[-1])
-        if ops.is_tensor(x) and keras.backend.is_float_dtype(x.dtype):
-            self.emit("inputs", "x", x)
-        elif ops.is_tensor(x) and keras.backend.is_int_dtype(x.dtype) and not self._reads_ids:
-            self.emit("inputs", "x", ops.cast(x, "float32"))  # uint8 pixels, counts: the first layer casts them
+        for path, part in _named_inputs(x):
+            if ops.is_tensor(part) and keras.backend.is_float_dtype(part.dtype):
+                self.emit("inputs", path, part)
+            elif ops.is_tensor(part) and keras.backend.is_int_dtype(part.dtype) and not self._reads_ids:
+                self.emit("inputs", path, ops.cast(part, "float32"))  # uint8 pixels, counts: the layer casts them
         if y is not None:  # a model trained on inputs alone (a GAN, an autoencoder's custom step) has no labels
             self.emit("labels", "", y)
         out = self._original_step(*args)
