@@ -172,6 +172,40 @@ def test_class_imbalance_misprediction(tmp_path, faulty):
     assert "of class 3 are predicted as another class" in v.message
 
 
+@pytest.mark.parametrize("faulty", [True, False], ids=["class_3_ignored", "healthy"])
+def test_a_token_classifier_s_class_must_be_missed_over_a_thousand_sequences(tmp_path, faulty):
+    """Labels per token ([n, T]: 8 sequences of 8 digits a step, each digit its own token). The tokens of one
+    sequence are one draw of the data: a class stands out over `patience` x `samples` fresh sequences, 125 steps of
+    8, not 1000 tokens (16 steps, where a healthy seq2seq model that learns one class after the rest was told).
+    A class the loss never sees (mapped to the ignored index) is still told; a healthy tagger is silent."""
+    from tripwire.plugins.torch import TripwireProbe
+
+    torch.manual_seed(0)
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x[:1344]).reshape(-1, 8, 64), torch.tensor(y[:1344], dtype=torch.long).reshape(-1, 8)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    config = {"sampling": {"every": 1}, "rules": ["class_imbalance", "confusion"]}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(300):
+            xb, yb = x[8 * step % 168:][:8], y[8 * step % 168:][:8]
+            logits = net(xb)
+            target = yb.masked_fill(yb == 3, -100) if faulty else yb  # class 3 mapped to the ignored index
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), target.reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            probe.step(loss, labels=yb, predictions=logits)
+    run = tripwire.open_run(probe.run_url)
+    accuracy = float((net(x).argmax(-1) == y).float().mean())
+    told = [v for v in run.verdicts() if v.counts]
+    if not faulty:
+        assert accuracy > 0.9 and told == []
+        return
+    assert 0.8 < accuracy < 0.91  # everything but the class never learned
+    assert {v.finding for v in told} == {"missed:3"} and all(v.step >= 124 for v in told)
+
+
 @pytest.mark.parametrize("faulty", [True, False], ids=["1:50 labels", "healthy"])
 def test_class_imbalance(tmp_path, faulty):
     """Labels from the batch, predictions from the LightningModule's forward output."""

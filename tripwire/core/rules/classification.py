@@ -43,7 +43,7 @@ class _Pooled(Rule):
     learned: float = 0.7  # judged once accuracy covers this share of the way from the majority class's share to 1
     ratio: float = 2.0  # a class is singled out only when its error is this many times the overall error
     min_class_samples: int = 20  # classes with fewer pooled samples are not judged alone
-    patience: int = 2  # pools of `samples` fresh labels a class must stand out over (one learned last is no fault)
+    patience: int = 2  # pools' worth of fresh samples a class must stand out over (one learned last is no fault)
     labels: str = "labels"
     predictions: str = "predictions"
 
@@ -51,8 +51,8 @@ class _Pooled(Rule):
               "patience": COUNT}
 
     def __post_init__(self):
-        self._streaks: dict = {}  # (worker, finding) -> fresh labels judged since it began to hold, without a break
-        self._fresh = 0  # labels at the step just pooled
+        self._streaks: dict = {}  # (worker, finding) -> fresh samples judged since it began to hold, without a break
+        self._fresh = 0  # samples at the step just pooled
 
     @property
     def history(self):
@@ -63,8 +63,9 @@ class _Pooled(Rule):
 
     def lasting(self, run, found: list):
         """The findings among these (singled-out classes) that held at every judgement over the last `patience`
-        pools' worth of fresh labels: consecutive pools share most of their labels, so it is the new labels that
-        count, not the judgements."""
+        pools' worth of fresh samples: consecutive pools share most of their labels, so it is the new samples that
+        count, not the judgements; and samples, not labels: a sequence's tokens (labels [n, T]) are one draw of the
+        data, and a batch of them would meet the patience at once, while a class is still being learned."""
         worker = run.default_worker
         held = {v.finding for v in found}
         for key in [k for k in self._streaks if k[0] == worker and k[1] not in held]:
@@ -90,9 +91,10 @@ class _Pooled(Rule):
             return None
         y, y_hat, n = [], [], 0
         for s in reversed(steps[-self.window:]):
-            true, predicted = _classified(labels.value(s), predictions.value(s), self.binary_threshold)
-            if s == step:
-                self._fresh = len(true)
+            batch = np.asarray(labels.value(s))
+            true, predicted = _classified(batch, predictions.value(s), self.binary_threshold)
+            if s == step:  # fresh samples, not labels: the tokens of one sequence are one draw of the data
+                self._fresh = batch.shape[0] if batch.ndim else 1
             y.append(true)
             y_hat.append(predicted)
             n += len(true)
@@ -211,7 +213,7 @@ class ClassImbalance(_Pooled):
                  "`learned` of the way from the majority class's share to 1), a class of at least "
                  "`min_class_samples` samples with more than `threshold_misprediction` of them predicted as another "
                  "class and an error `ratio` times the overall error, at every judgement over `patience` × `samples` "
-                 "fresh labels (warning)")
+                 "fresh samples (rows of labels: a sequence's tokens are one sample) (warning)")
     hint = ("The classes are unbalanced or one class is mostly missed: the model can score well by ignoring the "
             "rare class. Try: class weights (XGBoost `scale_pos_weight` or sample weights; `weight=` in the loss), "
             "resampling (oversample the rare class, undersample the common one), a metric that sees the rare class "
@@ -244,7 +246,7 @@ class ClassImbalance(_Pooled):
         if self.singled_out(per_class[worst], error, counts[worst], self.threshold_misprediction):
             missed.append(self.fire(step, f"{per_class[worst]:.0%} of the {counts[worst]} samples of class {worst} "
                                           f"are predicted as another class, against {error:.0%} of all samples, over "
-                                          f"its last {self.patience * self.samples} labels.", finding=f"missed:{worst}",
+                                          f"its last {self.patience * self.samples} samples.", finding=f"missed:{worst}",
                                     mispredicted=per_class, overall_error=error))
         return (found + (self.lasting(run, missed) or [])) or None
 
@@ -268,7 +270,7 @@ class Confusion(_Pooled):
                  "has learned (accuracy at least `learned` of the way from the majority class's share to 1), a "
                  "class of at least `min_class_samples` samples with C[i, i] / sum_j C[i, j] < `min_diag`, or a cell "
                  "off the diagonal with C[i, j] / sum_k C[k, j] > `max_off_diag`, where that error is `ratio` times "
-                 "the overall error, at every judgement over `patience` × `samples` fresh labels: a warning where "
+                 "the overall error, at every judgement over `patience` × `samples` fresh samples (rows of labels): a warning where "
                  "half the class or more is confused, else info (a class harder than the rest)")
     hint = ("The classifier confuses some classes far more than the rest: a class is often missed, or a predicted "
             "class often holds samples of another. Look at the pair in the message: similar classes need features "
