@@ -132,11 +132,21 @@ def test_lightning_sharded_strategy_is_read_as_ddp_is_and_a_healthy_run_is_silen
 def test_ddp_spawn_pickles_the_callback_into_each_process(tmp_path):
     """`strategy="ddp_spawn"` pickles the Trainer and its callbacks into the processes it starts: the callback's
     capture plan held a per-instance cache pickle refused, so the fit died before its first step."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "train_ddp_spawn.py"),
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    for attempt in range(2):
+        proc = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "train_ddp_spawn.py"),
+                               str(tmp_path / f"run-{attempt}")], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path)
+        # a teardown race of the spawned processes: once in a full suite, rank 1 (which records nothing) aborted at
+        # its exit after the fit had ended on both ranks ("terminate called without an active exception" while
+        # Lightning destroys the gloo process group at exit; not seen again in 16 runs of the script, with and
+        # without the callback): that attempt is run again; a failure before the end of the fit is not
+        output = proc.stdout + proc.stderr
+        raced = "terminated with signal SIGABRT" in output and "`Trainer.fit` stopped" in output
+        if not raced:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     before, after = (float(v) for v in proc.stdout.split("learned ")[1].split()[:2])
     assert after < before / 2
-    run = tripwire.open_run(str(tmp_path / "run"))
+    run = tripwire.open_run(str(tmp_path / f"run-{attempt}"))
     assert run.info["status"] == "finished" and run.info["world_size"] == 2 and run.workers() == [0]
     assert run.steps() and not [v for v in run.verdicts() if v.fired and v.severity in ("warning", "error")]
