@@ -100,3 +100,28 @@ def test_a_first_evaluation_after_training_that_the_next_undoes_is_no_alarm(seco
     verdict = rule.check(history.at(48, "eval", 0), 48)
     assert (verdict is not None and verdict.onset == 24 and "70.5 at step 24" in verdict.message) if fires else \
         verdict is None
+
+
+@pytest.mark.parametrize("keep,later,fires", [(0.9, (414.0, 4.9, 0.26), False), (0.9, (414.0, 60.0, 55.0), True),
+                                              (1.0, (414.0, 4.9, 0.26), True)],
+                         ids=["lag_undone", "apart", "statistics_never_move"])
+def test_evaluations_while_batchnorm_statistics_settle_wait_for_them(keep, later, fires):
+    """A torchvision-style ResNet-18 under Lightning, SGD 0.1 with momentum, 11 steps an epoch (digits): its
+    evaluations read 58,576, 8,219, 414, 4.9, 0.26; with the running statistics re-estimated, 2.08 and 0.73 at
+    the first two. Torch's momentum 0.1 leaves under 1 % of their start after 44 steps: the evaluations up to the
+    one after step 44 decide. Still above the start there, the model is evaluated apart from how it trains; with
+    statistics that never move (momentum 0), the second decides, as without them."""
+    from tripwire.core.history import History
+    from tripwire.core.model import ModelInfo
+    from tripwire.core.rules.evaluation import FirstEvaluation
+
+    history, rule = History(64, 64), FirstEvaluation()
+    history.model = ModelInfo("ResNet", running_keep=keep)
+    for step, loss in ((0, 2.4), (5, 2.2), (10, 2.0)):
+        history.add(0, "train", step, {"losses/train": {"value": loss}})
+    told = []
+    for step, value in zip((11, 22, 33, 44, 55), (58576.0, 8219.0, *later)):
+        history.add(0, "eval", step, {"metrics/val_loss": {"value": value}})
+        verdict = rule.check(history.at(step, "eval", 0), step)
+        told += [(verdict.step, verdict.onset)] if verdict is not None else []
+    assert told == ([(55 if keep < 1 else 22, 11)] if fires else [])
