@@ -584,3 +584,26 @@ def test_a_loss_that_never_went_down_waits_for_the_samples_a_small_batch_takes(t
         assert never == []
     else:
         assert never and never[0].severity == "error" and told_by * 3 // 4 <= never[0].step <= told_by
+
+
+def test_a_validation_loss_that_rises_where_the_training_loss_is_not_known_is_no_overfit():
+    """keras.io's timeseries classifier (Conv1D, BatchNorm, 25 steps an epoch, default config) was told overfitting
+    at step 850: its validation loss rose for three epochs (BatchNorm's moving statistics; the training set read in
+    inference mode rose as much) and came back to a new best. The training loss between those evaluations was not
+    stored (the default samples every 100 steps): the rule said 'while the training loss did not' without knowing.
+    Where it is known and flat, the same rise is told."""
+    from tripwire.core.history import History
+    from tripwire.core.rules.overfit import Overfit
+
+    def verdicts(train_steps):
+        history, rule, told = History(64, 64), Overfit(), []
+        for step in train_steps:
+            history.add(0, "train", step, {"losses/train": {"value": 0.2}})
+        for step, value in zip(range(750, 900, 25), (0.40, 0.35, 0.93, 2.00, 2.50, 2.60)):
+            history.add(0, "eval", step, {"metrics/val_loss": {"value": value}})
+            verdict = rule.check(history.at(step, "eval", 0), step)
+            told += [verdict.step] if verdict is not None else []
+        return told
+
+    assert verdicts([*range(10), 700, 800]) == []  # none stored between 800 and the evaluations after it
+    assert verdicts(range(700, 900, 5)) == [850, 875]

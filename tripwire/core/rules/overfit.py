@@ -44,8 +44,8 @@ class Overfit(Rule):
                  "one evaluation to the next) and more than `give_back` of what it had come down from its first "
                  "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
                  "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
-                 "while the training loss (`train_tensor`, mean since the evaluation before) is no higher than at the "
-                 "best evaluation, nor the learning rate higher than then (a schedule that raised it: a one-cycle, a "
+                 "while the training loss (`train_tensor`, mean since the evaluation before, stored at both) is no higher "
+                 "than at the best evaluation, nor the learning rate higher than then (a schedule that raised it: a one-cycle, a "
                  "warm restart); or, for a classifier of C classes (from the first step's loss), the validation loss "
                  "has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new"
                  " low (one still falling is learning), while the training loss fell by `min_delta` of its first value"
@@ -110,8 +110,11 @@ class Overfit(Rule):
         margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
         if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
             return None  # not above its best throughout, or coming back down (a bump from a noisy step)
-        if math.isfinite(train_at_best) and math.isfinite(train_now) and train_now > train_at_best:
-            return None  # both rise: not overfitting (the loss rules see a training that diverges)
+        if not (math.isfinite(train_at_best) and math.isfinite(train_now)) or train_now > train_at_best:
+            # both rise: not overfitting (the loss rules see a training that diverges); or the training loss is not
+            # known yet at one of them (the losses of the steps between samples are stored at the next sample), and
+            # a validation loss that rose with it (BatchNorm's moving statistics off for a few epochs) is no fault
+            return None
         if seen.recent[-1][3] > rate_at_best:
             # the schedule raised the learning rate since the best (a one-cycle's climb, a warm restart): the
             # validation loss of a model under BatchNorm at ten times the rate jumps (1.98 -> 4.83) and comes back
