@@ -246,7 +246,8 @@ class ClassImbalance(_Pooled):
         if self.singled_out(per_class[worst], error, counts[worst], self.threshold_misprediction):
             missed.append(self.fire(step, f"{per_class[worst]:.0%} of the {counts[worst]} samples of class {worst} "
                                           f"are predicted as another class, against {error:.0%} of all samples, over "
-                                          f"its last {self.patience * self.samples} samples.", finding=f"missed:{worst}",
+                                          f"its last {self.patience * self.samples} samples.",
+                                    finding=f"missed:{worst}",
                                     mispredicted=per_class, overall_error=error))
         return (found + (self.lasting(run, missed) or [])) or None
 
@@ -270,7 +271,8 @@ class Confusion(_Pooled):
                  "has learned (accuracy at least `learned` of the way from the majority class's share to 1), a "
                  "class of at least `min_class_samples` samples with C[i, i] / sum_j C[i, j] < `min_diag`, or a cell "
                  "off the diagonal with C[i, j] / sum_k C[k, j] > `max_off_diag`, where that error is `ratio` times "
-                 "the overall error, at every judgement over `patience` × `samples` fresh samples (rows of labels): a warning where "
+                 "the overall error, at every judgement over `patience` × `samples` fresh samples (rows of labels): "
+                 "a warning where "
                  "half the class or more is confused, else info (a class harder than the rest)")
     hint = ("The classifier confuses some classes far more than the rest: a class is often missed, or a predicted "
             "class often holds samples of another. Look at the pair in the message: similar classes need features "

@@ -191,7 +191,8 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
             first.setdefault(id(param), path)
     classes = tuple(type(getattr(o, "optimizer", o)).__name__ for o in optimizers or () if o is not None)
     scaled = type(sequence[0][1]).__name__ if sequence and isinstance(sequence[0][1], _NORMS) else ""
-    return ModelInfo(type(unwrapped(model)).__name__, _in_parameter_order(model, parameters), _activation_inputs(sequence),
+    return ModelInfo(type(unwrapped(model)).__name__, _in_parameter_order(model, parameters),
+                     _activation_inputs(sequence),
                      classes, scaled, _running_keep(model))
 
 
