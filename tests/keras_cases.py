@@ -212,6 +212,34 @@ def test_dead_relu(tmp_path, faulty):
             verdict.message
 
 
+@pytest.mark.parametrize("first_bias", [None, -20.0], ids=["healthy", "first_call_dead"])
+def test_each_call_of_a_shared_layer_is_captured_under_its_own_name(tmp_path, first_bias):
+    """A layer called twice in a forward pass (one ReLU after two Dense layers) is captured at each call,
+    `shared` and `shared#2`, on every backend (traced once or run eagerly); the second call's output alone was
+    captured before. The structure cannot say which Dense each call takes, so a verdict names none."""
+    (x, y), _ = helpers.digits()
+    keras.utils.set_random_seed(0)
+    inputs, relu = keras.Input((64,)), keras.layers.ReLU(name="shared")
+    bias = keras.initializers.Constant(first_bias) if first_bias is not None else "zeros"
+    hidden = relu(keras.layers.Dense(32, bias_initializer=bias)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10)(relu(keras.layers.Dense(32)(hidden))))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"])
+    cb = TripwireCallback({"sampling": {"every": 10}, "collections": {"activations": {"include": ["shared"]}},
+                           "rules": ["dead_relu"]}, out_dir=tmp_path / "run")
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[cb]).history
+    run = tripwire.open_run(cb.run_url)
+    assert run.tensor_names("activations") == ["activations/shared", "activations/shared#2"]
+    dead = run.tensor("activations/shared").reduction(0, "dead_fraction")
+    if first_bias is None:
+        assert history["accuracy"][-1] > 0.9, history["accuracy"]
+        assert dead < 0.7 and not [v for v in run.verdicts() if v.fired]
+    else:
+        assert dead == 1.0
+        verdict = next(v for v in run.verdicts() if v.fired and v.finding == "activations/shared")
+        assert verdict.severity == "error" and "the output of" not in verdict.message
+
+
 @pytest.mark.parametrize("faulty", [True, False], ids=["six_of_eight_dead", "healthy"])
 def test_dead_relu_counts_the_channels_of_a_channels_first_convolution(tmp_path, faulty):
     """A Conv2D with data_format="channels_first": its units are the channels at axis 1, not the last axis (the

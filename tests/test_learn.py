@@ -15,6 +15,7 @@ from benchmarks.zoo import data
 from benchmarks.zoo.case import Attach
 from tripwire.core.cli import main
 from tripwire.core.evaluate import check as evaluate
+from tripwire.core.history import History
 
 # What the healthy runs capture: every collection a neural network's rules read, sampled every 5 steps.
 CAPTURE = {"sampling": {"every": 5},
@@ -175,7 +176,13 @@ def test_a_renamed_and_deeper_model_has_the_same_kinds_of_tensors():
     deeper = describe(nn.Sequential(OrderedDict([("inp", nn.Linear(8, 32)), ("act", nn.ReLU()),
                                                  ("mid", nn.Linear(32, 16)), ("act2", nn.ReLU()),
                                                  ("out", nn.Linear(16, 2))])))
-    kinds = lambda model, names: {tuple(sorted(kind_of(model, n).items())) for n in names}  # noqa: E731
+    def run_of(model):
+        run = History()
+        run.model = model
+        return run
+
+    learned_from, deeper = run_of(learned_from), run_of(deeper)
+    kinds = lambda run, names: {tuple(sorted(kind_of(run, n).items())) for n in names}  # noqa: E731
     assert kinds(learned_from, ["gradients/0.weight", "biases/2.bias", "activations/1"]) == \
         kinds(deeper, ["gradients/inp.weight", "gradients/mid.weight", "biases/out.bias", "activations/act2"])
     assert kind_of(deeper, "activations/act2") == {"collection": "activations", "layer_class": "Linear",

@@ -141,7 +141,9 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path):
     module = helpers.mlp_module(hidden=(16, 16))
     helpers.fit(None, module, max_steps=12, callbacks=[cb, Spy()])
     assert {s for s, n in seen.items() if n} == {0, 4, 8}
-    assert all(n == 5 for s, n in seen.items() if s % 4 == 0)  # 5 leaf modules: Linear, ReLU, Linear, ReLU, Linear
+    # 5 leaf modules: Linear, ReLU, Linear, ReLU, Linear; at the first sampled step also one per Linear, which
+    # notes the layer each ReLU takes (FirstStep.producers)
+    assert [n for s, n in sorted(seen.items()) if s % 4 == 0] == [5 + 3, 5, 5]
     assert sum(len(m._forward_hooks) for m in module.modules()) == 0
     run = tripwire.open_run(cb.run_url)
     assert run.tensor_names(collection="activations") == [f"activations/net.{i}" for i in range(5)]
@@ -159,12 +161,16 @@ def test_between_samples_lightning_does_not_call_the_callback(tmp_path, accumula
             calls.append(trainer.global_step)
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
-    cb = Counted({"collections": {"losses": {}, "gradients": {}}, "sampling": {"every": 5}, "rules": []},
-                 out_dir=tmp_path / "run")
+    cb = Counted({"collections": {"losses": {}, "gradients": {}, "activations": {}}, "sampling": {"every": 5},
+                  "rules": []}, out_dir=tmp_path / "run")
     trainer = helpers.fit(cb, max_steps=23, accumulate_grad_batches=accumulate)
     assert trainer.global_step == 23
     run = tripwire.open_run(cb.run_url)
     assert run.tensor("gradients/net.0.weight").steps() == [0, 5, 10, 15, 20]
+    # each micro-batch's forward pass names its activations alike (not as later calls of the same modules), and
+    # the first sampled step saw which layer each ReLU takes
+    assert run.tensor_names("activations") == ["activations/net.0", "activations/net.1", "activations/net.2"]
+    assert run.first_step.producers == {"net.1": "net.0"}
     # the loss of every step where a step is one batch; with accumulation, of the sampled steps (the mean of their
     # micro-batches: the loss a step returns is its last micro-batch's alone)
     assert run.steps() == [0, 5, 10, 15, 20]

@@ -288,3 +288,62 @@ def test_the_model_record_says_how_long_batchnorm_statistics_keep_their_start():
     kept = describe(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, momentum=0.0)))
     assert kept.running_keep == 1.0 and not kept.statistics_settled(10 ** 6)  # momentum 0: never the data's
     assert ModelInfo.from_dict(kept.to_dict()).running_keep == 1.0  # read the same in a side process
+
+
+class SharedRelu(torch.nn.Module):
+    """One ReLU module called three times per forward pass, as torchvision's BasicBlock calls its relu: after a
+    layer, after dropout over a layer, and on a residual sum."""
+
+    def __init__(self, first_bias=None):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.out = (torch.nn.Linear(64, 32), torch.nn.Linear(32, 32),
+                                                  torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+        self.drop, self.relu = torch.nn.Dropout(0.1), torch.nn.ReLU()  # registered after every layer
+        if first_bias is not None:
+            torch.nn.init.constant_(self.fc1.bias, first_bias)
+
+    def forward(self, x):
+        h = self.relu(self.fc1(x))
+        h = self.relu(self.drop(self.fc2(h)))
+        return self.out(self.relu(self.fc3(h) + h))
+
+
+@pytest.mark.parametrize("first_bias", [None, -20.0], ids=["healthy", "first_call_dead"])
+def test_each_call_of_a_shared_activation_is_captured_with_the_layer_it_takes(tmp_path, first_bias):
+    """A module called several times in a forward pass is captured at each call (`relu`, `relu#2`, `relu#3`), each
+    with the layer whose output it took as the first sampled step saw it (through dropout; none for a sum). The
+    last call alone was captured before, under the layer registered last: a dead first call went unseen."""
+    _, optimizer, batches = model_and_data()
+    torch.manual_seed(0)
+    net = SharedRelu(first_bias)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    config = {"sampling": {"every": 5}, "collections": {"activations": {}}, "rules": [{"rule": "dead_relu"}]}
+    with TripwireProbe(net, optimizer, config, out_dir=tmp_path / "run") as probe:
+        train(probe, net, optimizer, batches, 150)
+    run = tripwire.open_run(probe.run_url)
+    assert {"activations/relu", "activations/relu#2", "activations/relu#3"} <= set(run.tensor_names())
+    assert run.first_step.producers == {"relu": "fc1", "relu#2": "fc2"}
+    assert run.input_layer("relu#3") is None
+    fired = [v for v in run.verdicts() if v.fired]
+    if first_bias is None:
+        assert not fired
+        net.eval()
+        accuracy = np.mean([(net(x).argmax(1) == y).float().mean().item() for x, y in batches])
+        assert accuracy > 0.9  # it learned
+    else:
+        assert [(v.rule, v.severity, v.finding) for v in fired][:1] == [("dead_relu", "error", "activations/relu")]
+        assert "(the output of Linear fc1)" in fired[0].message and "Every bias of Linear fc1" in fired[0].hint
+
+
+def test_a_shared_activation_is_given_no_layer_where_no_step_was_seen():
+    """Without what the first step saw (a run from before, a plugin that cannot see it), the model's structure
+    names the layer before an activation for a module called once per forward pass only."""
+    from tripwire.core.history import History
+    from tripwire.plugins.torch.structure import describe
+
+    run = History()
+    run.model = describe(SharedRelu())
+    run.add(0, "train", 0, {"activations/relu": {"dead_fraction": 0.0}})
+    assert run.input_layer("relu") == "out"  # registration order: the only guess there is, for one call
+    run.add(0, "train", 0, {"activations/relu#2": {"dead_fraction": 0.0}})
+    assert run.input_layer("relu") is None and run.input_layer("relu#2") is None

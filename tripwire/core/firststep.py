@@ -112,17 +112,23 @@ class FirstStep:
     objectives: how many objectives the step trains in turn, each with a backward pass of its own followed by
     its optimizers' steps (a GAN's discriminator step, then its generator step: 2); None where the plugin cannot
     tell. With more than one, the loss handed to tripwire is one objective among others trained against or beside
-    it, and whether it goes down says nothing about the training (`not_a_fit`)."""
+    it, and whether it goes down says nothing about the training (`not_a_fit`).
+    producers: {activation: the layer whose output it took}, as the plugin saw the step's forward pass where it
+    captured activations there (each call of a module called several times under its own name, naming.call_path):
+    an activation missing took something else (a sum, a layer's output reshaped); None where not seen."""
 
     step: int
     losses: tuple = ()
     objectives: int | None = None
+    producers: dict | None = None
 
     def to_dict(self) -> dict:
         """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
         stored = {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
                                                 for u in self.losses]}
-        return stored if self.objectives is None else {**stored, "objectives": self.objectives}
+        if self.objectives is not None:
+            stored["objectives"] = self.objectives
+        return stored if self.producers is None else {**stored, "producers": dict(self.producers)}
 
     @classmethod
     def from_dict(cls, data) -> FirstStep | None:
@@ -133,8 +139,11 @@ class FirstStep:
                 labels = entry.get("labels")
                 labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
                 losses.append(LossUse(**{**entry, "labels": labels}))
-            objectives = data.get("objectives")
-            return cls(int(data["step"]), tuple(losses), None if objectives is None else int(objectives))
+            objectives, producers = data.get("objectives"), data.get("producers")
+            if producers is not None and not all(isinstance(v, str) for v in dict(producers).values()):
+                return None
+            return cls(int(data["step"]), tuple(losses), None if objectives is None else int(objectives),
+                       None if producers is None else {str(k): v for k, v in dict(producers).items()})
         except (KeyError, TypeError, ValueError):
             return None
 

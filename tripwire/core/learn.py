@@ -103,13 +103,12 @@ def learn(runs) -> list[Invariant]:
     """The invariants every sampled step of every run held, in the order their tensors were first captured."""
     pools: dict = defaultdict(lambda: ([], [], set()))  # (kind, mode, reduction, band) -> steps, values, runs
     for index, run in enumerate(runs):
-        model = run.model
         for worker in run.workers():
             for mode in run.modes(worker):
                 for name in run.tensor_names(mode=mode, worker=worker):
                     if collection_of(name) in SKIPPED_COLLECTIONS:
                         continue
-                    kind = tuple(sorted(kind_of(model, name).items()))
+                    kind = tuple(sorted(kind_of(run, name).items()))
                     tensor = run.tensor(name)
                     for reduction in tensor.reductions(mode=mode, worker=worker):
                         if reduction in SKIPPED_REDUCTIONS:

@@ -33,6 +33,8 @@ COLLECTIONS = {
 }
 SCALAR_COLLECTIONS = frozenset({"losses", "metrics", "optimizer", "trees", "feature_importance", "relations"})
 VALUE = "value"  # the reduction name under which scalars are stored
+CALL = "#"  # between a module's path and the number of its call in a forward pass (call_path)
+CALLS_KEPT = 16  # the calls of one module in a forward pass that are captured, each under a name of its own
 
 
 def collection_of(name: str) -> str:
@@ -43,6 +45,20 @@ def collection_of(name: str) -> str:
 def path_of(name: str) -> str:
     """The framework path part of a tensor name (`gradients/net.0.weight` -> `net.0.weight`)."""
     return name.split("/", 1)[1] if "/" in name else name
+
+
+def call_path(path: str, call: int) -> str | None:
+    """The path under which the `call`-th call (from 1) of one module or layer in a forward pass is captured: its
+    own path for the first, `path#<call>` for the others (a shared ReLU, torchvision's BasicBlock.relu, runs two or
+    three times per forward, each on another layer's output); None past the CALLS_KEPT-th (a cell that a loop calls
+    at every time step), so that what a step captures stays bounded."""
+    return path if call == 1 else f"{path}{CALL}{call}" if call <= CALLS_KEPT else None
+
+
+def calls_left_out(path: str) -> str:
+    """What the log says, once, of a module called more than CALLS_KEPT times in one forward pass."""
+    return (f"tripwire: {path} is called more than {CALLS_KEPT} times in one forward pass; its first {CALLS_KEPT} "
+            f"calls are captured ({path}, {path}{CALL}2, …), the others are not.")
 
 
 def is_bias(path: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import StepUnavailable, TensorUnavailable, did_you_mean, listing
-from .naming import VALUE, collection_of
+from .naming import CALL, VALUE, collection_of
 
 _EMPTY = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
 
@@ -41,6 +41,20 @@ class View:
     def first_step(self):
         """The first step's record of the default worker (0 where none is set), or None."""
         return self.first_step_of(self.default_worker or 0)
+
+    def input_layer(self, activation: str) -> str | None:
+        """The layer whose output an activation (its path; `path#<k>` for the k-th call of a module called several
+        times in a forward pass, naming.call_path) takes: as the plugin saw it at its first step, else from the
+        model's structure, for a module called once per forward pass only: the structure places each module once,
+        and a shared one takes another layer's output at each call. None where not known, and where the input was
+        no layer's output as such (a residual block's sum)."""
+        first = self.first_step
+        if first is not None and first.producers is not None:
+            return first.producers.get(activation)
+        if self.model is None or CALL in activation or \
+                self.tensor_names("activations", f"^activations/{re.escape(activation)}{CALL}"):
+            return None
+        return self.model.activations.get(activation)
 
     def __init__(self):
         self._catalog: dict[tuple, set] = {}

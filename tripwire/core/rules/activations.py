@@ -68,13 +68,13 @@ class DeadRelu(Rule):
 def _behind(run, step: int, activation: str) -> tuple[str | None, str, str]:
     """The layer whose output a ReLU takes (from the model's structure), the words that name it in a message, and
     a fix that names it: its biases where they hold every unit below zero."""
-    model = run.model
-    layer = model.activations.get(activation.split("/", 1)[1]) if model is not None else None
+    model, path = run.model, activation.split("/", 1)[1]
+    layer = run.input_layer(path) if model is not None else None
     if layer is None:
         return None, "", ""
     parameters = model.layer_parameters(layer)
     kind = parameters[0].layer_class if parameters else "layer"
-    where = f" (the output of {kind} {layer})" if layer != activation.split("/", 1)[1] else f" ({kind})"
+    where = f" (the output of {kind} {layer})" if layer != path else f" ({kind})"
     bias = next((p for p in parameters if p.role == "bias"), None)
     tops = values_at(run, step, "max", ["biases"], f"^biases/{re.escape(bias.path)}$") if bias is not None else {}
     means = values_at(run, step, "mean", ["biases"], f"^biases/{re.escape(bias.path)}$") if bias is not None else {}

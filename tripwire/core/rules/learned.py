@@ -28,22 +28,22 @@ PLURALS = {"kernel": "kernels", "recurrent_kernel": "recurrent kernels", "bias":
            "norm_shift": "norm shifts", "embedding": "embedding tables", "other": "other parameters"}
 
 
-def kind_of(model, name: str) -> dict:
-    """What an invariant calls a tensor: {collection, layer_class, role} where the model's structure knows the
-    parameter or layer behind it, else {tensor: its name}.
+def kind_of(run, name: str) -> dict:
+    """What an invariant calls a tensor of `run`: {collection, layer_class, role} where the model's structure knows
+    the parameter or layer behind it, else {tensor: its name}.
 
-    The activation after a layer is known by that layer's class, since the structure records the layers with
-    parameters, not the class of a ReLU module."""
-    collection, path = collection_of(name), path_of(name)
+    The activation after a layer is known by that layer's class (View.input_layer), since the structure records
+    the layers with parameters, not the class of a ReLU module."""
+    model, collection, path = run.model, collection_of(name), path_of(name)
     if model is not None and collection in PARAMETER_COLLECTIONS:
         parameter = model.of(name)
         if parameter is not None:
             return {"collection": collection, "layer_class": parameter.layer_class, "role": parameter.role}
     if model is not None and collection == "activations":
-        layer = model.activations.get(path, path)
-        parameters = model.layer_parameters(layer)
+        before = run.input_layer(path)
+        parameters = model.layer_parameters(before or path)
         if parameters:
-            role = "activation" if path in model.activations else "output"
+            role = "activation" if before is not None else "output"
             return {"collection": collection, "layer_class": parameters[0].layer_class, "role": role}
     return {"tensor": name}
 
@@ -235,11 +235,11 @@ class LearnedInvariants(Rule):
         return [Requirement(c, tuple(sorted(r))) for c, r in sorted(wanted.items())]
 
     def check(self, run, step):
-        mode, model = run.default_mode, run.model
+        mode = run.default_mode
         recorded = reductions_at(run, step)
         broken: dict = {}  # kind -> [(tensor, invariant, value)]
         for name in run.tensor_names(step=step):
-            kind = tuple(sorted(kind_of(model, name).items()))
+            kind = tuple(sorted(kind_of(run, name).items()))
             for invariant in self._by_kind.get((kind, mode), ()):
                 if not invariant.steps[0] <= step <= invariant.steps[1]:
                     continue

@@ -24,6 +24,7 @@ import importlib.util
 import logging
 import os
 import tempfile
+from dataclasses import replace
 
 from tripwire.core.actions import agree
 from tripwire.core.config import load_config
@@ -219,6 +220,7 @@ class TripwireCallback(*_callback_bases()):
             sampled = bool(self._plan.at("train", step))
         elif self._capture.active and self._capture.step == step:  # a later micro-batch of the same step
             sampled = True
+            self._capture.new_forward()
             self._take_batch(batch)
         else:
             self._losses = []
@@ -250,7 +252,7 @@ class TripwireCallback(*_callback_bases()):
 
         def seen(facts) -> None:
             if self._recorder is not None:
-                self._recorder.first_step(facts)
+                self._recorder.first_step(replace(facts, producers=self._capture.producers))
 
         look_once(pl_module, "training_step", step, seen, pl_module.trainer.optimizers)
 

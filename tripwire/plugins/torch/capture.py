@@ -14,19 +14,22 @@ False after one cached comparison and nothing else runs.
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from tripwire.core.model import ModelInfo, parameter_collection
+from tripwire.core.naming import call_path, calls_left_out
 from tripwire.core.reductions import combine_shards, shard_reductions
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
 from .relations import GradientPath, GradientsCleared, StepEffect
-from .structure import named_modules, named_parameters
+from .structure import PASS_THROUGH, has_parameters, is_activation, named_modules, named_parameters
 
 log = logging.getLogger("tripwire")
 
@@ -53,6 +56,12 @@ class TorchCapture:
         self._before: dict = {}
         self._taken: set = set()  # parameters whose weights (and gradients) this sample holds
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
+        self._calls: dict = {}  # path -> the calls of that module's hook in this forward pass (naming.call_path)
+        # {activation: the layer whose output it took}, seen in the forward of the first training step sampled, where
+        # it captured activations (FirstStep.producers); None until then
+        self.producers: dict | None = None
+        self._first_train = True  # no training step was sampled yet
+        self._made: dict = {}  # while producers are seen: id(output) -> (weak reference to it, the layer it is of)
         self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
@@ -82,9 +91,13 @@ class TorchCapture:
         self._reductions, self._tensors, self._before, self._taken = Reductions(), {}, {}, set()
         self._effect = StepEffect()  # nothing left over from a sample that ended without end() (closed in a step)
         self._budget = self._new_budget() if self._new_budget is not None else None
+        self._calls = {}
         activations = self.active.get("activations")
         if activations is not None and mode == "train":
             self._hook_activations(activations)
+            if self._first_train:
+                self._see_producers()
+        self._first_train = self._first_train and mode != "train"
         if "predictions" in self.active and mode == "train":  # the model's own output, where forward() is used
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
@@ -142,6 +155,7 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
+        self._made = {}
         ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
         if self._path is not None:
             self._judge_gradient_path(ran)
@@ -285,13 +299,16 @@ class TorchCapture:
 
     def _not_captured(self, name: str, value, exc: Exception) -> None:
         """Say once per name that a value is not captured, and why."""
-        if name in self._unread:
-            return
-        self._unread.add(name)
         what = f"a {value.layout} tensor of {value.dtype}" if isinstance(value, torch.Tensor) else \
             f"a {type(value).__name__}"
-        log.warning("tripwire: %s (%s) is not captured: %s.", name, what,
-                    exc if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {exc}")
+        self._say_once(name, f"tripwire: {name} ({what}) is not captured: "
+                             f"{exc if isinstance(exc, Unsupported) else f'{type(exc).__name__}: {exc}'}.")
+
+    def _say_once(self, name: str, message: str) -> None:
+        """Log a warning of what is not captured, once per name."""
+        if name not in self._unread:
+            self._unread.add(name)
+            log.warning("%s", message)
 
     def _held_idle(self, optimizers, ran) -> set:
         """The paths of the parameters held only by optimizers that did not step at this step while another did
@@ -332,16 +349,61 @@ class TorchCapture:
                         "activations", path, kind, isinstance(producer, CHANNELS_FIRST))))
         self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
+    def new_forward(self) -> None:
+        """Another forward pass of the step begins (a later micro-batch of gradient accumulation): its modules'
+        calls are counted from the first again, so that each micro-batch names its activations alike."""
+        self._calls = {}
+
+    def _see_producers(self) -> None:
+        """For this step's forward pass: hooks that note each output of a layer with parameters (passed on through
+        dropout, pooling and reshaping modules), so that each activation's hook finds the layer whose output it
+        takes. Made once, at the first training step sampled with activations: a model computes alike at every step,
+        and no other step pays for it."""
+        self.producers, self._made = {}, {}
+        for path, module in named_modules(self.module):
+            if isinstance(module, PASS_THROUGH):
+                self._hooks.append(module.register_forward_hook(self._passed_on))
+            elif path and has_parameters(module):
+                self._hooks.append(module.register_forward_hook(functools.partial(self._made_by, path)))
+
+    def _made_by(self, layer: str, module, inputs, output) -> None:
+        if isinstance(output, (tuple, list)) and output:
+            output = output[0]
+        if isinstance(output, torch.Tensor):
+            self._made[id(output)] = (weakref.ref(output), layer)
+
+    def _passed_on(self, module, inputs, output) -> None:
+        layer = self._layer_of(inputs)
+        if layer is not None and isinstance(output, torch.Tensor):
+            self._made[id(output)] = (weakref.ref(output), layer)
+
+    def _layer_of(self, inputs) -> str | None:
+        """The layer whose output a module's first input is, where the forward hooks of _see_producers saw it."""
+        first = inputs[0] if isinstance(inputs, tuple) and inputs else None
+        made = self._made.get(id(first)) if isinstance(first, torch.Tensor) else None
+        return made[1] if made is not None and made[0]() is first else None
+
     def _output_hook(self, collection: str, path: str, kind: str = "", channels_first: bool = False):
         """A module's output: the first of several, or the `logits` of a mapping (a Hugging Face ModelOutput,
         which also holds the loss). Its features are axis 1 where it comes from a convolution or a normalisation
-        over channels (NCHW, as any tensor of 4 or more dimensions), else the last axis (a sequence's)."""
+        over channels (NCHW, as any tensor of 4 or more dimensions), else the last axis (a sequence's). A module
+        called several times in a forward pass is captured at each call, under a name of its own (call_path)."""
         def hook(module, inputs, output):
             tensor = output[0] if isinstance(output, (tuple, list)) else \
                 output.get("logits") if isinstance(output, Mapping) else output
             if isinstance(tensor, torch.Tensor) and self._reductions is not None:
+                if collection == "activations":
+                    self._calls[path] = self._calls.get(path, 0) + 1
+                    path_now = call_path(path, self._calls[path])
+                    if path_now is None:
+                        self._say_once(path, calls_left_out(path))
+                        return
+                    if self._made and is_activation(module) and (layer := self._layer_of(inputs)) is not None:
+                        self.producers[path_now] = layer
+                else:
+                    path_now = path
                 channels = 1 if channels_first or tensor.dim() >= 4 else -1
-                self.take(collection, path, tensor, kind, channels)
+                self.take(collection, path_now, tensor, kind, channels)
         return hook
 
     def _remove_hooks(self) -> None:

@@ -283,6 +283,8 @@ class TripwireProbe:
             self._capture.take_inputs(args[0])
 
     def _after_forward(self, module, args, kwargs, output) -> None:
+        if module.training:
+            self._capture.new_forward()
         if self._seek_origin and module.training:
             self._forward = (args, kwargs, output, None)
 
@@ -383,7 +385,8 @@ class TripwireProbe:
     def _record_first_step(self) -> None:
         """At the end of the first sampled step: what the look saw, and how many objectives the step trained."""
         if self._first is not None:
-            self._recorder.first_step(replace(self._first, objectives=self._objectives.count))
+            self._recorder.first_step(replace(self._first, objectives=self._objectives.count,
+                                              producers=self._capture.producers))
             self._first, self._objectives = None, None
 
     def _eval_mode(self, step: int, decision):

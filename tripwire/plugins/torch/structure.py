@@ -21,7 +21,7 @@ from tripwire.core.model import ModelInfo, Parameter
 _NORMS = tuple(c for c in (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
                            getattr(nn, "RMSNorm", None)) if c is not None)
 # Modules that pass a layer's output on without changing what follows it: skipped when looking for it.
-_PASS_THROUGH = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
+PASS_THROUGH = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
                  nn.Identity, nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
                  nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd)
 _ROLES = {
@@ -122,7 +122,7 @@ def _fans(shape: tuple, kind: str) -> tuple[int | None, int | None]:
     return int(math.prod(shape[1:]) if kind != "conv" else shape[1] * receptive), int(shape[0] * receptive)
 
 
-def _is_activation(module: nn.Module) -> bool:
+def is_activation(module: nn.Module) -> bool:
     """ReLU, GELU, Tanh, Softmax, …: the classes of torch.nn.modules.activation but the attention layer there."""
     return type(module).__module__ == nn.modules.activation.__name__ and not isinstance(module, nn.MultiheadAttention)
 
@@ -131,11 +131,11 @@ def _sequence(model: nn.Module) -> list:
     """(path, module) of the layers with parameters, the normalisations and the activations, in the order the
     model registers them (the order most models compute them in)."""
     return [(path, m) for path, m in named_modules(model)
-            if path and not isinstance(m, _PASS_THROUGH) and
-            (_has_parameters(m) or isinstance(m, _NORMS) or _is_activation(m))]
+            if path and not isinstance(m, PASS_THROUGH) and
+            (has_parameters(m) or isinstance(m, _NORMS) or is_activation(m))]
 
 
-def _has_parameters(module: nn.Module) -> bool:
+def has_parameters(module: nn.Module) -> bool:
     return next(module.parameters(recurse=False), None) is not None
 
 
@@ -143,8 +143,8 @@ def _followers(sequence: list) -> dict[str, str]:
     """{layer path: what follows it}: 'norm', an activation's name (lower case), or the next layer's type."""
     out = {}
     for (path, module), (_, after) in zip(sequence, sequence[1:]):
-        if _has_parameters(module):
-            out[path] = type(after).__name__.lower() if _is_activation(after) else layer_type(after)
+        if has_parameters(module):
+            out[path] = type(after).__name__.lower() if is_activation(after) else layer_type(after)
     return out
 
 
@@ -152,9 +152,9 @@ def _activation_inputs(sequence: list) -> dict[str, str]:
     """{activation path: the layer with parameters right before it}: the layer whose output it takes."""
     out, last = {}, None
     for path, module in sequence:
-        if _is_activation(module) and last is not None:
+        if is_activation(module) and last is not None:
             out[path] = last
-        elif _has_parameters(module):
+        elif has_parameters(module):
             last = path
     return out
 

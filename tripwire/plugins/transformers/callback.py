@@ -23,6 +23,7 @@ import logging
 import numbers
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 import transformers
@@ -209,6 +210,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
         for NaN/Inf; labels and inputs on a sampled step. Evaluation's forward passes (eval mode) are no step's."""
         if not module.training or self._replaying:
             return
+        if self._capture is not None:
+            self._capture.new_forward()
         loss = output.get("loss") if isinstance(output, Mapping) else None
         if self._sampled and self._capture.wants("losses"):
             if isinstance(loss, torch.Tensor):
@@ -240,7 +243,7 @@ class TripwireCallback(TrainerCallback, ExportableState):
         def seen(facts) -> None:
             self._sums = any(use.settings.get("reduction") == "sum" for use in facts.losses)
             if self._recorder is not None:
-                self._recorder.first_step(facts)
+                self._recorder.first_step(replace(facts, producers=self._capture.producers))
 
         look_once(model, "forward", step, seen)
 
