@@ -363,10 +363,12 @@ def test_a_booster_refreshing_its_trees_in_place_trains_on_and_a_continued_one_i
     assert run.tensor("trees/leaves").reduction(0) == leaves
 
 
-def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path):
+def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path, caplog):
     """XGBoost's Higgs demo logs auc and ams@0.15 (higher is better): the first metric that was not auc, aucpr, pre,
     map or ndcg was taken for the training loss, and loss_not_decreasing called it rising as the model learnt.
-    Only metrics that go down are losses: XGBoost's own, or custom ones named so (scikit-learn's `*_error`)."""
+    Only metrics that go down are losses: XGBoost's own, or custom ones named so (scikit-learn's `*_error`). The
+    log says once why the loss rules have no data, and what to add."""
+    caplog.set_level(logging.WARNING, logger="tripwire")
     x, y = separable(4000)
     dtrain = xgb.DMatrix(x[:3000], label=y[:3000])
     rising = TripwireCallback(None, out_dir=tmp_path / "ams")
@@ -376,6 +378,9 @@ def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path):
     assert "losses/train" not in run.tensor_names() and "metrics/train/ams@0.15" in run.tensor_names()
     assert [v for v in run.verdicts() if v.fired] == []
     assert {v.rule for v in run.verdicts() if v.status == "no_data"} >= {"loss_not_decreasing"}
+    told = [r.getMessage() for r in caplog.records if "which go up as the model learns" in r.getMessage()]
+    assert len(told) == 1 and "log ams@0.15, auc," in told[0] and "add a loss to eval_metric" in told[0]
+    caplog.clear()
 
     from sklearn.metrics import mean_absolute_error
     named = TripwireCallback(None, out_dir=tmp_path / "named")
@@ -385,6 +390,7 @@ def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path):
                                                           (x[3000:], y[3000:].astype(float))], verbose=False)
     losses = tripwire.open_run(named.run_url).tensor("losses/train").series("value")[1]
     assert len(losses) == 20 and losses[-1] < losses[0]
+    assert not any("which go up" in r.getMessage() for r in caplog.records)
 
 
 def test_a_ranker_s_clicks_and_a_booster_s_own_output_are_not_judged_as_a_classifier_s(tmp_path):

@@ -162,6 +162,12 @@ class TripwireCallback(xgb.callback.TrainingCallback):
                             "(loss_not_decreasing, overfit, exploding_tensor on the loss, …) have nothing to judge: "
                             "pass evals=[(dtrain, 'train'), (dvalid, 'valid')] to xgb.train, or "
                             "eval_set=[(X_train, y_train), (X_valid, y_valid)] to fit.")
+            elif train_loss is None and val_loss is None and self._rank == 0:
+                logged = sorted({metric for metrics in evals_log.values() for metric in metrics})
+                log.warning("tripwire: the eval sets log %s, which go up as the model learns, and no loss or error "
+                            "rate, so the rules on the loss (loss_not_decreasing, overfit, …) have nothing to judge: "
+                            "add a loss to eval_metric where the objective has one (logloss, mlogloss, rmse, …); a "
+                            "ranking objective has none.", ", ".join(logged))
         # the eval log is on the host at every round, whatever the schedule: every round of it is recorded
         logged = self._eval_log(evals_log, train_loss)
         if not (collections or evaluated or logged):
