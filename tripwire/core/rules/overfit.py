@@ -102,7 +102,8 @@ class Overfit(Rule):
                                    f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
                                    f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "
                                    f"{train_now:.4g}: the model learns its training set, nothing that holds for "
-                                   "other data.", finding="chance", hint=CHANCE_HINT, onset=seen.first_step,
+                                   "other data.", finding="chance", hint=CHANCE_HINT + _statistics_note(run),
+                             onset=seen.first_step,
                              chance=chance[0],
                              lowest=seen.lowest, train=train_now)
         if best_step < 0:
@@ -131,6 +132,21 @@ CHANCE_HINT = ("The validation loss never beats guessing while the training loss
                "column, a misaligned join), or validation data of another kind than the training data. Try: check "
                "that each sample keeps its own label through loading and shuffling; look at a few samples and "
                "their labels.")
+
+
+def _statistics_note(run) -> str:
+    """Where the model keeps BatchNorm running statistics that move: the other cause of a validation at chance.
+    statistics_settled assumes the batches' own statistics are of the order of the initial ones (variance 1);
+    inputs scaled to [0, 1] give batch variances a hundred times smaller, and the initial variance then dominates
+    the running one for far longer."""
+    keep = run.model.running_keep if run.model is not None else None
+    if keep is None or not 0 < keep < 1:
+        return ""
+    return (f" Or, since the model has BatchNorm (each step, its running statistics keep {keep:.0%} of what they "
+            "held): the statistics evaluation normalises with may still hold their start, where the batches' own "
+            "variance is far below the initial 1.0 (inputs scaled to [0, 1]); if the model does better on the "
+            "validation data in training mode (batch statistics), evaluate after more steps or let the statistics "
+            "follow the batches faster (Keras: BatchNormalization(momentum=0.9); torch: momentum=0.1 or more).")
 
 
 def _rate(run, step: int) -> float:
