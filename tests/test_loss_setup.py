@@ -51,6 +51,10 @@ CASES = [
      lambda out, y: F.l1_loss(out.view(-1), y), lambda y: (y % 2).float(), "classes_by_regression"),
     ("yes_no_by_squared_error", lambda: nn.Sequential(nn.Linear(32, 1), nn.Sigmoid()),
      lambda out, y: F.mse_loss(out.view(-1), y), lambda y: (y % 2).float(), None),
+    ("targets_broadcast_against_one_output", lambda: nn.Linear(32, 1),
+     lambda out, y: F.mse_loss(out, y), lambda y: (y % 5 + 1).float(), "broadcast"),
+    ("targets_of_the_output_s_shape", lambda: nn.Linear(32, 1),
+     lambda out, y: F.mse_loss(out, y.unsqueeze(1)), lambda y: (y % 5 + 1).float(), None),
 ]
 
 
@@ -72,7 +76,42 @@ def test_the_probe_judges_the_output_loss_and_labels_of_the_first_step(tmp_path,
     fired = [v for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
     assert [v.finding for v in fired] == ([finding] if finding else []), [v.message for v in fired]
     if finding:
-        assert fired[0].step == 0 and fired[0].severity == ("error" if finding == "one_unit_softmax" else "warning")
+        assert fired[0].step == 0 and \
+            fired[0].severity == ("error" if finding in ("one_unit_softmax", "broadcast") else "warning")
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["broadcast", "fixed"])
+def test_targets_that_broadcast_against_the_predictions_are_an_error_at_the_first_step(tmp_path, fixed):
+    """mse_loss of predictions (N, 1) against targets (N,) compares every prediction with every target (N x N):
+    the model learns the targets' mean, its loss falls a little, and nothing else shows it (torch only warns). Told
+    under the default config at step 0; the fixed twin is silent and learns."""
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    x = torch.tensor((x - x.mean(0)) / x.std(0), dtype=torch.float32)
+    y = torch.tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with TripwireProbe(model, optimizer, out_dir=tmp_path / "run") as probe:
+        for step in range(200):
+            batch = slice(step * 32 % 416, step * 32 % 416 + 32)
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x[batch]), y[batch].unsqueeze(1) if fixed else y[batch])
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    with torch.no_grad():
+        error = F.mse_loss(model(x).squeeze(1), y).item()  # of standardised targets: 1 is the mean's
+    fired = [v for v in tripwire.open_run(probe.run_url).verdicts() if v.counts]
+    if fixed:
+        assert error < 0.5 and fired == []
+    else:
+        assert error > 0.85
+        (verdict,) = fired
+        assert (verdict.rule, verdict.finding, verdict.severity, verdict.step) == \
+            ("loss_setup", "broadcast", "error", 0)
+        assert "(32, 1)" in verdict.message and "(32,)" in verdict.message and "(32, 32)" in verdict.message
 
 
 def test_lightning_looks_at_the_first_training_step_once_and_gives_it_back(tmp_path):

@@ -92,6 +92,8 @@ class LossUse:
     bootstrapped: the targets were computed by the model itself, from its parameters (a DQN's temporal-difference
         target from its target network, a momentum encoder's or a teacher's output): they move as it trains, and
         the loss's level is no measure of the fit. None where the plugin cannot tell (torch tells).
+    input_shape: the shape of the loss's input (the predictions) as the loss got it, where the framework hands it
+        over as it is (torch; Keras brings predictions and targets to one rank first).
     """
 
     loss: str
@@ -104,6 +106,7 @@ class LossUse:
     settings: dict = field(default_factory=dict)
     terms: int | None = None
     bootstrapped: bool | None = None
+    input_shape: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,9 @@ class FirstStep:
             for entry in data["losses"]:
                 labels = entry.get("labels")
                 labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
-                losses.append(LossUse(**{**entry, "labels": labels}))
+                shape = entry.get("input_shape")
+                losses.append(LossUse(**{**entry, "labels": labels,
+                                         "input_shape": tuple(shape) if shape is not None else None}))
             objectives, producers = data.get("objectives"), data.get("producers")
             if producers is not None and not all(isinstance(v, str) for v in dict(producers).values()):
                 return None
@@ -173,7 +178,8 @@ def summed_terms(first: FirstStep | None) -> int | None:
 
 
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
-             labels=None, terms: int | None = None, bootstrapped: bool | None = None, **settings) -> LossUse | None:
+             labels=None, terms: int | None = None, bootstrapped: bool | None = None,
+             input_shape: tuple | None = None, **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -182,7 +188,8 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
         reads = "probabilities"
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
-                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped)
+                   {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped,
+                   input_shape)
 
 
 def task_of(first: FirstStep | None) -> str | None:

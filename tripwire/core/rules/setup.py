@@ -8,7 +8,10 @@ follows from them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..firststep import RANGES
 from .base import FIRST_LABELS, NotApplicable, Rule
@@ -31,7 +34,9 @@ class LossSetup(Rule):
                  "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error), or 0/1 targets of one output under "
-                 "mean absolute error; labels that are not class ids for a loss "
+                 "mean absolute error; predictions and targets of an element-wise loss whose shapes broadcast "
+                 "into more elements than the predictions hold ((N, 1) against (N,): error, the loss compares every "
+                 "prediction with every target; torch); labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
                  "32 or more labels all of one class among three or more (data ordered by class, not shuffled), "
                  "or 32 or more one-hot rows of three or more classes under a binary loss (info: single-label "
@@ -39,7 +44,8 @@ class LossSetup(Rule):
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
             "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
             "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
-            "sparse loss, one-hot rows for a categorical one. The message names the change to make.")
+            "sparse loss, one-hot rows for a categorical one; predictions and targets of one shape for an element-wise "
+            "loss (mean squared error). The message names the change to make.")
     source = ("DeepDiagnosis (Wardat et al., ICSE 2022) and AUTOTRAINER list a wrong last-layer activation for the "
               "loss and wrongly encoded labels among the commonest training bugs (Islam et al., FSE 2019); "
               "DeepDiagnosis reads them from the program, here from what the framework ran at the first step.")
@@ -68,6 +74,24 @@ class LossSetup(Rule):
                                        onset=first.step, loss=use.loss, output=use.output, units=use.units,
                                        settings=use.settings))
         return found or None
+
+
+def _broadcast(use) -> tuple | None:
+    """The shape an element-wise loss computed over where its predictions and targets broadcast into more elements
+    than the predictions hold ((N, 1) against (N,): N x N), else None."""
+    labels = use.labels
+    if use.kind != "regression" or use.input_shape is None or labels is None or \
+            tuple(labels.shape) == tuple(use.input_shape):
+        return None
+    try:
+        spread = np.broadcast_shapes(tuple(use.input_shape), tuple(labels.shape))
+    except ValueError:  # shapes the framework itself refuses
+        return None
+    return spread if math.prod(spread) > math.prod(use.input_shape) else None
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _name(use) -> str:
@@ -102,6 +126,13 @@ def _problems(use):
         out.append(("not_log_probabilities", "warning", f"the loss reads log-probabilities, but the output is "
                     f"{'raw logits' if output == 'linear' else f'a {output}'}. Use log_softmax on the output, or "
                     "CrossEntropyLoss on the logits."))
+    spread = _broadcast(use)
+    if spread is not None:
+        out.append(("broadcast", "error", f"the predictions (shape {_shape(use.input_shape)}) and the targets (shape "
+                    f"{_shape(labels.shape)}) differ in shape, and the loss broadcasts them against each other into "
+                    f"{_shape(spread)}: it compares each prediction with every target, and the model learns their "
+                    "mean. Give both one shape: prediction.squeeze(-1), or target.unsqueeze(-1) / "
+                    "view_as(prediction)."))
     if use.kind == "regression" and labels is not None:
         low, high = RANGES.get(output, (float("-inf"), float("inf")))
         if labels.min < low - 1e-6 or labels.max > high + 1e-6:

@@ -139,7 +139,8 @@ class LossSpy(TorchFunctionMode):
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
         terms = _summed_terms(name, prediction, target) if settings.get("reduction") == "sum" else None
         use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
-                       bootstrapped=_bootstrapped(target, self._is_from_model(target)), **settings)
+                       bootstrapped=_bootstrapped(target, self._is_from_model(target)),
+                       input_shape=tuple(int(d) for d in prediction.shape), **settings)
         if use is not None:
             self.losses.append(use)
 
