@@ -94,6 +94,9 @@ class LossUse:
         the loss's level is no measure of the fit. None where the plugin cannot tell (torch tells).
     input_shape: the shape of the loss's input (the predictions) as the loss got it, where the framework hands it
         over as it is (torch; Keras brings predictions and targets to one rank first).
+    softmax_axis, class_axis: for a categorical loss whose input a softmax or log_softmax made as it is (no reshape
+        between), the axis that softmax normalised over and the axis the loss reads the classes along (both counted
+        from 0); None elsewhere (torch tells).
     """
 
     loss: str
@@ -107,6 +110,8 @@ class LossUse:
     terms: int | None = None
     bootstrapped: bool | None = None
     input_shape: tuple | None = None
+    softmax_axis: int | None = None
+    class_axis: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,8 @@ def summed_terms(first: FirstStep | None) -> int | None:
 
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
              labels=None, terms: int | None = None, bootstrapped: bool | None = None,
-             input_shape: tuple | None = None, **settings) -> LossUse | None:
+             input_shape: tuple | None = None, softmax_axis: int | None = None, class_axis: int | None = None,
+             **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -189,7 +195,7 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
                    {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped,
-                   input_shape)
+                   input_shape, softmax_axis, class_axis)
 
 
 def task_of(first: FirstStep | None) -> str | None:

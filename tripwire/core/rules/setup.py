@@ -34,7 +34,9 @@ class LossSetup(Rule):
                  "other than log_softmax feeds NLLLoss; a bounded output (sigmoid, softmax, tanh, ReLU) feeds a "
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error), or 0/1 targets of one output under "
-                 "mean absolute error; predictions and targets of an element-wise loss whose shapes broadcast "
+                 "mean absolute error; a softmax or log_softmax that feeds a categorical loss over another axis "
+                 "than the one it reads the classes along (dim=0: across the batch; torch); predictions and targets "
+                 "of an element-wise loss whose shapes broadcast "
                  "into more elements than the predictions hold ((N, 1) against (N,): error, the loss compares every "
                  "prediction with every target; torch); labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
@@ -126,6 +128,13 @@ def _problems(use):
         out.append(("not_log_probabilities", "warning", f"the loss reads log-probabilities, but the output is "
                     f"{'raw logits' if output == 'linear' else f'a {output}'}. Use log_softmax on the output, or "
                     "CrossEntropyLoss on the logits."))
+    if use.softmax_axis is not None and use.class_axis is not None and use.softmax_axis != use.class_axis:
+        across = "the samples of the batch" if use.softmax_axis == 0 else f"axis {use.softmax_axis}"
+        out.append(("softmax_axis", "warning", f"the output's {use.output} normalises over {across} (dim="
+                    f"{use.softmax_axis}), and the loss reads the classes along dim={use.class_axis}: each class's "
+                    "scores are made to compete across "
+                    f"{'samples' if use.softmax_axis == 0 else 'that axis'} instead of the classes within each "
+                    f"sample. Use dim={use.class_axis}."))
     spread = _broadcast(use)
     if spread is not None:
         out.append(("broadcast", "error", f"the predictions (shape {_shape(use.input_shape)}) and the targets (shape "

@@ -95,11 +95,12 @@ class LossSpy(TorchFunctionMode):
             return
         if name in PRODUCERS:
             over_one = name == "softmax" and _softmax_over_one(out, args, kwargs)
-            self._made_by[id(out)] = (weakref.ref(out), PRODUCERS[name], over_one)
+            self._made_by[id(out)] = (weakref.ref(out), PRODUCERS[name], over_one, _softmax_axis(name, out, args,
+                                                                                                  kwargs))
         elif name in PASS_ON and args and isinstance(args[0], torch.Tensor):
             made = self._producer(args[0])
-            if made is not None:
-                self._made_by[id(out)] = (weakref.ref(out), *made)
+            if made is not None:  # a reshape moves the axes: which one the softmax ran over is no longer known
+                self._made_by[id(out)] = (weakref.ref(out), *made[:2], None)
 
     def _computed_from_model(self, args, kwargs) -> bool:
         """Whether an operation reads a parameter, or a tensor computed from one (one level into lists)."""
@@ -138,9 +139,12 @@ class LossSpy(TorchFunctionMode):
             target.layout == torch.strided and not target.is_meta else None
         settings = {k: v for k, v in kwargs.items() if k in ("reduction", "label_smoothing", "ignore_index")}
         terms = _summed_terms(name, prediction, target) if settings.get("reduction") == "sum" else None
+        axes = {}
+        if made is not None and made[2] is not None and name in CLASS_DIM and prediction.dim() >= 2:
+            axes = {"softmax_axis": made[2], "class_axis": CLASS_DIM[name] % prediction.dim()}
         use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
                        bootstrapped=_bootstrapped(target, self._is_from_model(target)),
-                       input_shape=tuple(int(d) for d in prediction.shape), **settings)
+                       input_shape=tuple(int(d) for d in prediction.shape), **axes, **settings)
         if use is not None:
             self.losses.append(use)
 
@@ -188,6 +192,12 @@ def _warn_from_caller(warning) -> None:
                            module=module_globals.get("__name__"),
                            registry=module_globals.setdefault("__warningregistry__", {}),
                            module_globals=module_globals)
+
+
+def _softmax_axis(name: str, out: torch.Tensor, args, kwargs) -> int | None:
+    """The axis (from 0) a softmax or log_softmax normalised over, where its call says."""
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None) if name in ("softmax", "log_softmax") else None
+    return dim % out.dim() if isinstance(dim, int) and out.dim() > 0 else None
 
 
 def _softmax_over_one(out: torch.Tensor, args, kwargs) -> bool:
