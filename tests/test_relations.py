@@ -85,6 +85,41 @@ def test_healthy_loops_break_no_relation(tmp_path, clear, accumulate):
     assert set(run.tensor_names("relations")) == judged
 
 
+@pytest.mark.parametrize("clears_d", [True, False], ids=["dcgan", "discriminator_never_cleared"])
+def test_a_gan_whose_container_the_loop_never_calls_is_judged_from_its_first_backward(tmp_path, clears_d):
+    """pytorch/examples' DCGAN loop, the probe given both networks in a container the loop never calls: the step
+    begins at the discriminator's optimizer step, after its backward passes. Gradient hooks made then saw only the
+    generator's backward, which lands on the discriminator's applied gradient (cleared at the next iteration, never
+    applied): "8 parameters not cleared", an error on a healthy GAN. The gradients are now watched from the end of
+    the step before; a discriminator that is never cleared is still an error at step 1."""
+    torch.manual_seed(0)
+    x, _ = digits()
+    generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 64), nn.Tanh())
+    discriminator = nn.Sequential(nn.Linear(64, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1), nn.Sigmoid())
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    real = x / 8 - 1  # digits' 0..16 to [-1, 1]
+    with TripwireProbe(nn.ModuleDict({"G": generator, "D": discriminator}), [opt_d, opt_g], CONFIG,
+                       out_dir=tmp_path / "run") as probe:
+        for step in range(30):
+            batch = real[32 * step:32 * step + 32]
+            if clears_d:
+                discriminator.zero_grad()
+            error_real = F.binary_cross_entropy(discriminator(batch), torch.ones(32, 1))
+            error_real.backward()
+            fake = generator(torch.randn(32, 8))
+            error_fake = F.binary_cross_entropy(discriminator(fake.detach()), torch.zeros(32, 1))
+            error_fake.backward()
+            opt_d.step()
+            generator.zero_grad()
+            error_g = F.binary_cross_entropy(discriminator(fake), torch.ones(32, 1))
+            error_g.backward()
+            opt_g.step()
+            probe.step(error_real + error_fake)
+    run = tripwire.open_run(probe.run_url)
+    assert findings(run) == ([] if clears_d else [("stale_gradients", 1, "error")])
+
+
 class StopsUpdating(torch.optim.SGD):
     """SGD whose step does nothing after `working` steps (`working` None: it always works, through its parent's
     step, so that torch's step hooks run twice per step)."""

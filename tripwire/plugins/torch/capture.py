@@ -102,15 +102,22 @@ class TorchCapture:
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
 
-    def watch_gradients(self, optimizers) -> None:
+    def watch_gradients(self, optimizers, step: int | None = None) -> None:
         """The step being captured follows an optimizer step: note whether the gradients of the parameters these
         optimizers step start from cleared ones (tripwire.plugins.torch.relations), where the `relations`
         collection is sampled. A parameter no optimizer holds is untrained_parameters' (its gradient, applied by
-        nothing, may well pile up)."""
-        if "relations" in self.active and self.mode == "train" and self._cleared is None and optimizers:
+        nothing, may well pile up).
+        step: the coming step, where the plugin watches from the end of the step before it, before that step has
+        begun: the probe begins a step at the model's forward, or, in a loop that never calls the model itself
+        (a GAN's two networks in one container), at its first optimizer step, after the backward passes that
+        gradient hooks made then would miss. The forward hooks for cuts are made as the step begins."""
+        sampled = "relations" in self.active and self.mode == "train" if step is None else \
+            any(c.name == "relations" for c in self.plan.at("train", step))
+        if sampled and self._cleared is None and optimizers:
             self._stepping = {id(_real(o)): {id(p): p for _, p, _ in self._parameters_of(o)} for o in optimizers}
             held = {key: p for params in self._stepping.values() for key, p in params.items()}
             self._cleared = GradientsCleared(held.values())
+        if step is None and self._cleared is not None and self._path is None:
             self._path = GradientPath(self.module)
 
     def before_optimizer_step(self, optimizer=None, gradients_later: bool = False) -> None:

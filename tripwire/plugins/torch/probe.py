@@ -146,6 +146,8 @@ class TripwireProbe:
     def step(self, loss=None, *, labels=None, predictions=None, metrics: dict | None = None) -> None:
         """End the training step: record what was sampled, run the rules, act. Cheap on unsampled steps."""
         self._end_step(loss, labels, predictions, metrics)
+        if self._after_optimizer:  # the next step's gradients are watched from here, wherever it is found to begin
+            self._capture.watch_gradients(self.optimizers, self.global_step)
         self._arm_look()
 
     def _end_step(self, loss, labels, predictions, metrics) -> None:
