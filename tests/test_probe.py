@@ -291,28 +291,31 @@ def test_the_model_record_says_how_long_batchnorm_statistics_keep_their_start():
 
 
 class SharedRelu(torch.nn.Module):
-    """One ReLU module called three times per forward pass, as torchvision's BasicBlock calls its relu: after a
-    layer, after dropout over a layer, and on a residual sum."""
+    """One in-place ReLU module called three times per forward pass, as torchvision's BasicBlock calls its relu:
+    after a layer, after dropout over a layer, and on a residual sum made in place (`out += identity`)."""
 
     def __init__(self, first_bias=None):
         super().__init__()
         self.fc1, self.fc2, self.fc3, self.out = (torch.nn.Linear(64, 32), torch.nn.Linear(32, 32),
                                                   torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
-        self.drop, self.relu = torch.nn.Dropout(0.1), torch.nn.ReLU()  # registered after every layer
+        self.drop, self.relu = torch.nn.Dropout(0.1), torch.nn.ReLU(inplace=True)  # registered after every layer
         if first_bias is not None:
             torch.nn.init.constant_(self.fc1.bias, first_bias)
 
     def forward(self, x):
         h = self.relu(self.fc1(x))
         h = self.relu(self.drop(self.fc2(h)))
-        return self.out(self.relu(self.fc3(h) + h))
+        out = self.fc3(h)
+        out += h
+        return self.out(self.relu(out))
 
 
 @pytest.mark.parametrize("first_bias", [None, -20.0], ids=["healthy", "first_call_dead"])
 def test_each_call_of_a_shared_activation_is_captured_with_the_layer_it_takes(tmp_path, first_bias):
     """A module called several times in a forward pass is captured at each call (`relu`, `relu#2`, `relu#3`), each
-    with the layer whose output it took as the first sampled step saw it (through dropout; none for a sum). The
-    last call alone was captured before, under the layer registered last: a dead first call went unseen."""
+    with the layer whose output it took as the first sampled step saw it (through dropout; none for a sum, also
+    one made in place on the layer's output). The last call alone was captured before, under the layer registered
+    last: a dead first call went unseen."""
     _, optimizer, batches = model_and_data()
     torch.manual_seed(0)
     net = SharedRelu(first_bias)

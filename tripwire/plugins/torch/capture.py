@@ -61,7 +61,9 @@ class TorchCapture:
         # it captured activations (FirstStep.producers); None until then
         self.producers: dict | None = None
         self._first_train = True  # no training step was sampled yet
-        self._made: dict = {}  # while producers are seen: id(output) -> (weak reference to it, the layer it is of)
+        # while producers are seen: id(output) -> (weak reference to it, the layer it is of, its version then)
+        self._made: dict = {}
+        self._taking: dict = {}  # while producers are seen: id(activation module) -> the layer its call takes
         self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
@@ -162,7 +164,7 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
-        self._made = {}
+        self._made, self._taking = {}, {}
         ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
         if self._path is not None:
             self._judge_gradient_path(ran)
@@ -366,29 +368,36 @@ class TorchCapture:
         dropout, pooling and reshaping modules), so that each activation's hook finds the layer whose output it
         takes. Made once, at the first training step sampled with activations: a model computes alike at every step,
         and no other step pays for it."""
-        self.producers, self._made = {}, {}
+        self.producers, self._made, self._taking = {}, {}, {}
         for path, module in named_modules(self.module):
             if isinstance(module, PASS_THROUGH):
                 self._hooks.append(module.register_forward_hook(self._passed_on))
             elif path and has_parameters(module):
                 self._hooks.append(module.register_forward_hook(functools.partial(self._made_by, path)))
+        # read as the call begins: an in-place activation (ReLU(inplace=True)) changes its input as it runs
+        self._hooks += [module.register_forward_pre_hook(self._takes) for module, _ in self._activation_hooks
+                        if is_activation(module)]
 
     def _made_by(self, layer: str, module, inputs, output) -> None:
         if isinstance(output, (tuple, list)) and output:
             output = output[0]
         if isinstance(output, torch.Tensor):
-            self._made[id(output)] = (weakref.ref(output), layer)
+            self._made[id(output)] = (weakref.ref(output), layer, output._version)
 
     def _passed_on(self, module, inputs, output) -> None:
         layer = self._layer_of(inputs)
         if layer is not None and isinstance(output, torch.Tensor):
-            self._made[id(output)] = (weakref.ref(output), layer)
+            self._made[id(output)] = (weakref.ref(output), layer, output._version)
+
+    def _takes(self, module, inputs) -> None:
+        self._taking[id(module)] = self._layer_of(inputs)
 
     def _layer_of(self, inputs) -> str | None:
-        """The layer whose output a module's first input is, where the forward hooks of _see_producers saw it."""
+        """The layer whose output a module's first input is, as that layer made it (not changed in place since, as
+        torchvision's `out += identity` changes bn2's output), where the hooks of _see_producers saw it."""
         first = inputs[0] if isinstance(inputs, tuple) and inputs else None
         made = self._made.get(id(first)) if isinstance(first, torch.Tensor) else None
-        return made[1] if made is not None and made[0]() is first else None
+        return made[1] if made is not None and made[0]() is first and first._version == made[2] else None
 
     def _output_hook(self, collection: str, path: str, kind: str = "", channels_first: bool = False):
         """A module's output: the first of several, or the `logits` of a mapping (a Hugging Face ModelOutput,
@@ -405,7 +414,7 @@ class TorchCapture:
                     if path_now is None:
                         self._say_once(path, calls_left_out(path))
                         return
-                    if self._made and is_activation(module) and (layer := self._layer_of(inputs)) is not None:
+                    if (layer := self._taking.pop(id(module), None)) is not None:
                         self.producers[path_now] = layer
                 else:
                     path_now = path
