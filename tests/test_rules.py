@@ -607,3 +607,25 @@ def test_a_validation_loss_that_rises_where_the_training_loss_is_not_known_is_no
 
     assert verdicts([*range(10), 700, 800]) == []  # none stored between 800 and the evaluations after it
     assert verdicts(range(700, 900, 5)) == [850, 875]
+
+
+def test_a_validation_loss_coming_back_down_from_a_swing_is_no_overfit():
+    """keras.io's imbalanced classification (a class-weighted loss, every rule on) was told overfitting at step
+    192: after its best, 0.0040 at step 120, the validation loss swung to 0.023 and came back down, 0.020, 0.011,
+    three evaluations above the best while falling. A streak that ends below where it began is coming back down;
+    one that keeps rising is told."""
+    from tripwire.core.history import History
+    from tripwire.core.rules.overfit import Overfit
+
+    def verdicts(values):
+        history, rule, told = History(64, 64), Overfit(), []
+        for step in range(0, 200, 4):
+            history.add(0, "train", step, {"losses/train": {"value": 1e-3 / (1 + step)}})
+        for step, value in zip(range(24, 24 * (len(values) + 1), 24), values):
+            history.add(0, "eval", step, {"metrics/val_loss": {"value": value}})
+            verdict = rule.check(history.at(step, "eval", 0), step)
+            told += [verdict.step] if verdict is not None else []
+        return told
+
+    assert verdicts([0.0093, 0.0158, 0.0209, 0.0087, 0.0040, 0.0229, 0.0196, 0.0108]) == []
+    assert verdicts([0.0093, 0.0158, 0.0209, 0.0087, 0.0040, 0.0129, 0.0196, 0.0208]) == [192]

@@ -43,7 +43,8 @@ class Overfit(Rule):
                  " before them by more than `min_delta` of that best, more than its own noise (the median change from "
                  "one evaluation to the next) and more than `give_back` of what it had come down from its first "
                  "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
-                 "rising (the newest above the one before the streak: a bump after a noisy step comes back down), "
+                 "rising (the newest above the one before the streak and not below the streak's first: a bump "
+                 "after a noisy step comes back down), "
                  "while the training loss (`train_tensor`, mean since the evaluation before, stored at both) is no "
                  "higher than at the best evaluation, nor the learning rate higher than then (a schedule that raised "
                  "it: a one-cycle, a "
@@ -110,8 +111,10 @@ class Overfit(Rule):
             return None  # no evaluation with settled statistics before the newest `patience`
         noise = float(np.median(np.abs(np.diff(val[np.isfinite(val)])))) if len(val) > 1 else 0.0
         margin = max(self.min_delta * abs(best), noise, self.give_back * (seen.first - best))
-        if not all(v > best + margin for v in recent) or not recent[-1] > seen.before:
-            return None  # not above its best throughout, or coming back down (a bump from a noisy step)
+        if not all(v > best + margin for v in recent) or not recent[-1] > seen.before or recent[-1] < recent[0]:
+            # not above its best throughout, or coming back down: below where the streak began (a bump from a
+            # noisy step, a swing of a class-weighted loss: 0.0040 at its best, then 0.023, 0.020, 0.011)
+            return None
         if not (math.isfinite(train_at_best) and math.isfinite(train_now)) or train_now > train_at_best:
             # both rise: not overfitting (the loss rules see a training that diverges); or the training loss is not
             # known yet at one of them (the losses of the steps between samples are stored at the next sample), and
