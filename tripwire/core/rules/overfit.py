@@ -214,9 +214,10 @@ class _Evaluations:
 
 
 def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",
-                         train_mode: str = "train"):
+                         train_mode: str = "train", least: int = 1):
     """(evaluation steps, validation values, mean training value since the evaluation before) up to `step`,
-    which must be an evaluation; None when either series is missing. NaN where no training value fell between."""
+    which must be an evaluation; None when either series is missing. NaN where fewer than `least` training values
+    fell between."""
     if val_tensor not in run.tensor_names(mode=val_mode) or train_tensor not in run.tensor_names(mode=train_mode):
         return None
     val_steps, val = run.tensor(val_tensor).series(mode=val_mode)
@@ -232,7 +233,7 @@ def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val
     nonfinite = np.concatenate(([0], np.cumsum(~finite)))
     counts = high - low
     means = np.full(len(val_steps), np.nan)
-    filled = counts > 0
+    filled = counts >= max(least, 1)
     means[filled] = (sums[high[filled]] - sums[low[filled]]) / counts[filled]
     for i in np.flatnonzero(filled & (nonfinite[high] > nonfinite[low])):  # NaN or Inf in it: as numpy's mean
         means[i] = float(np.mean(train[low[i]:high[i]]))

@@ -31,8 +31,9 @@ class OscillatingLoss(Rule):
                  "The scale is the larger of its median and how far it came down from its first value: a swing "
                  "relative to its level, so neither the noise of a small validation set nor that of a loss near 0 "
                  "after a long descent counts. An evaluation series is not judged to oscillate while the training "
-                 "loss (its mean between evaluations, three or more) has not swung once by `amplitude` of its own "
-                 "scale: the validation loss alone swings with its own noise")
+                 "loss (its mean between evaluations over two or more training samples, three or more such "
+                 "windows) has not swung once by `amplitude` of its own scale, nor where fewer than three windows "
+                 "hold two training samples: the validation loss alone swings with its own noise")
     hint = ("The loss oscillates instead of converging. Likely causes: a learning rate too high, a batch size "
             "too small, momentum too high, an unsuitable output activation or loss. Try: lower the learning rate "
             "(or decay it), increase the batch size, reduce momentum, check that the last layer and the loss "
@@ -73,17 +74,19 @@ class OscillatingLoss(Rule):
 
     def _training_steady(self, run, name: str, step: int) -> bool:
         """Whether an evaluation series swings while the training loss, its mean between evaluations, has not
-        swung once by `amplitude` of its scale: what the hint blames (a learning rate too high, momentum, a batch
-        too small) unsettles the training itself; swings of the validation loss alone are its own noise (a few
-        hundred samples, a few confident mistakes: 0.13 -> 0.19 -> 0.13 at 97 % accuracy) or the start of an
-        overfit, which overfit judges."""
+        been seen to swing by `amplitude` of its scale: what the hint blames (a learning rate too high, momentum, a
+        batch too small) unsettles the training itself; swings of the validation loss alone are its own noise (a
+        few hundred samples, a few confident mistakes: 0.13 -> 0.19 -> 0.13 at 97 % accuracy) or the start of an
+        overfit, which overfit judges. A window is read where it holds two or more training samples: the loss of
+        one sampled batch is no mean (a class-weighted loss: 4e-7 at one sample, 1e-5 at the next, on a training
+        that settles), and with fewer than three such windows the training is not seen to swing."""
         if self.mode != "eval":
             return False
-        found = train_means_at_evals(run, name, "losses/train", step)
+        found = train_means_at_evals(run, name, "losses/train", step, least=2)
         if found is None:
             return False
         train = found[2][np.isfinite(found[2])]
-        return len(train) >= 3 and self._large_swings(train) == 0
+        return len(train) < 3 or self._large_swings(train) == 0
 
 
 def _swings(v: np.ndarray) -> np.ndarray:
