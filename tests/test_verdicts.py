@@ -252,7 +252,8 @@ def test_dead_relu_without_batches_large_enough_says_so(tmp_path):
                                 out_dir=tmp_path / "run")
     helpers.fit(callback, helpers.mlp_module(), max_epochs=1, loaders=helpers.torch_loaders(batch_size=8))
     (verdict,) = tripwire.open_run(callback.run_url).verdicts()
-    assert verdict.rule == "dead_relu" and verdict.status == "no_data" and "fewer than 16 samples" in verdict.message
+    assert verdict.rule == "dead_relu" and verdict.status == "no_data" and "fewer than 16 samples" in verdict.message \
+        and "LeakyReLU" in verdict.message
 
 
 def test_dead_relu_judges_relu_layers_only(tmp_path):

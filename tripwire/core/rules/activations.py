@@ -47,8 +47,9 @@ class DeadRelu(Rule):
         elif run.default_worker not in self._judged and run.tensor_names("activations", step=step) and \
                 not values_at(run, step, "saturated_fraction", ["activations"]):
             # every sample so far too small; an epoch's short last batch after full ones is no reason to say so
-            raise NotApplicable("its layers' outputs came in batches of fewer than 16 samples, too few to tell a "
-                                "dead unit from one that was not needed (dead_fraction is not taken)")
+            raise NotApplicable("no captured layer has a dead_fraction: its layers' outputs came in batches of "
+                                "fewer than 16 samples, too few to tell a dead unit from one that was not needed, "
+                                "or they are no ReLU (a LeakyReLU, PReLU or RReLU unit never dies)")
         nonfinite = values_at(run, step, "nonfinite_count", ["activations"])
         found = []
         for name, share in dead.items():
