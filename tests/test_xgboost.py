@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xgboost as xgb
-from sklearn.datasets import load_digits, make_classification
+from sklearn.datasets import load_breast_cancer, load_digits, make_classification
 
 import tripwire
 from benchmarks.zoo import cases as zoo_cases
@@ -337,7 +337,8 @@ def test_a_booster_refreshing_its_trees_in_place_trains_on_and_a_continued_one_i
     """XGBoost's update_process demo: a booster refreshed in place (process_type=update) refuses a slice of one
     round's trees until all are refreshed; with trees captured, tripwire's read of them raised into xgb.train and
     ended a healthy training. A training continued from a model (xgb_model=) counts its rounds from 0 again: the
-    trees and predictions captured were the first rounds', not the continued model's."""
+    trees and predictions captured were the first rounds', not the continued model's. Its steps are the booster's
+    own rounds (8, 9 after 8), those of a booster refreshed in place the rounds it refreshes (0 to 7)."""
     x, y = load_digits(return_X_y=True)
     y = (y == 3).astype(int)
     dtrain = xgb.DMatrix(x[:1200], label=y[:1200])
@@ -351,16 +352,39 @@ def test_a_booster_refreshing_its_trees_in_place_trains_on_and_a_continued_one_i
     said = [r.getMessage() for r in caplog.records if "could not read the trees" in r.getMessage()]
     assert len(said) == 1 and "not captured for the rest of this training" in said[0]
     assert tripwire.open_run(refresh.run_url).info["status"] == "finished"
+    assert tripwire.open_run(refresh.run_url).steps() == list(range(8))
 
     continued = TripwireCallback(config, out_dir=tmp_path / "continued", eval_data=(x[1200:], y[1200:]))
     booster = xgb.train({"objective": "binary:logistic", "max_depth": 3, "nthread": 1}, dtrain, 2,
                         xgb_model=base, evals=[(dtrain, "train")], callbacks=[continued], verbose_eval=False)
     run = tripwire.open_run(continued.run_url)
-    assert run.steps() == [0, 1]
-    predicted = run.tensor("predictions").value(0)
+    assert run.steps() == [8, 9]
+    predicted = run.tensor("predictions").value(8)
     np.testing.assert_allclose(predicted, booster.inplace_predict(x[1200:], iteration_range=(0, 9)), rtol=1e-6)
     leaves = sum(text.count('"leaf"') for text in booster[8:9].get_dump(dump_format="json"))
-    assert run.tensor("trees/leaves").reduction(0) == leaves
+    assert run.tensor("trees/leaves").reduction(8) == leaves
+
+
+def test_a_booster_trained_further_is_not_judged_as_an_untrained_one(tmp_path):
+    """A booster trained further (xgb_model=) starts fitted: its training loss at the first round (0.007) against the
+    validation loss (0.08) is an ordinary gap, which first_evaluation (default config) told as 'the model computes
+    something else in evaluation' (12x). Its steps go on from its rounds (60 to 99), so the rule sees that training
+    began before the run: no data, said why. The booster trained from scratch is judged as before."""
+    x, y = load_breast_cancer(return_X_y=True)
+    dtrain, dvalid = xgb.DMatrix(x[:400], label=y[:400]), xgb.DMatrix(x[400:], label=y[400:])
+    params = {"objective": "binary:logistic", "max_depth": 4, "nthread": 1}
+    first, more = TripwireCallback(out_dir=tmp_path / "first"), TripwireCallback(out_dir=tmp_path / "more")
+    booster = xgb.train(params, dtrain, 60, evals=[(dtrain, "train"), (dvalid, "valid")], callbacks=[first],
+                        verbose_eval=False)
+    further = xgb.train(params, dtrain, 40, evals=[(dtrain, "train"), (dvalid, "valid")], xgb_model=booster,
+                        callbacks=[more], verbose_eval=False)
+    assert further.num_boosted_rounds() == 100
+    run = tripwire.open_run(more.run_url)
+    assert run.steps()[0] == 60 and run.steps()[-1] == 99
+    assert [v for v in run.verdicts() if v.counts] == []
+    (verdict,) = [v for v in run.verdicts() if v.rule == "first_evaluation"]
+    assert verdict.status == "no_data" and "began at step 60" in verdict.message
+    assert [v for v in tripwire.open_run(first.run_url).verdicts() if v.counts] == []
 
 
 def test_a_metric_that_goes_up_is_never_read_as_the_loss(tmp_path, caplog):
@@ -498,8 +522,6 @@ def test_a_training_without_an_eval_set_is_told_what_to_pass(tmp_path, caplog):
     """XGBoost logs a loss only for the eval sets it is given: without one the loss rules have nothing to judge,
     and the run is empty under the default config. The user is told once, with what to pass; with an eval set,
     not. And the end-of-training line does not read "checked up to step None"."""
-    from sklearn.datasets import load_breast_cancer
-
     x, y = load_breast_cancer(return_X_y=True)
     caplog.set_level(logging.INFO, logger="tripwire")
     xgb.XGBClassifier(n_estimators=20, callbacks=[TripwireCallback(out_dir=tmp_path / "bare")]).fit(x, y)

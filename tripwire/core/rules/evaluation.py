@@ -16,7 +16,7 @@ import numpy as np
 
 from ..naming import collection_of
 from ..ranges import Range
-from .base import Requirement, Rule, checked_mode
+from .base import NotApplicable, Requirement, Rule, checked_mode
 from .overfit import _chance
 
 
@@ -33,7 +33,8 @@ class FirstEvaluation(Rule):
     name = "first_evaluation"
     limits = {"factor": Range(1.0, None, what="times the start's loss")}
     modes = ("train", "eval")
-    condition = ("judged once, when both are known: the first value of `val_tensor` (in `val_mode`) is more than "
+    condition = ("judged once, when both are known, where the run saw training begin (its training series starts "
+                 "at step 0): the first value of `val_tensor` (in `val_mode`) is more than "
                  "`factor` times the larger of the training loss at the start (the largest sampled value of "
                  "`train_tensor` up to the first evaluation, or its first value where the evaluation came before "
                  "any training) and, for a classifier of C classes (from the first step's loss), ln C; where the "
@@ -74,6 +75,11 @@ class FirstEvaluation(Rule):
         train_steps, train = run.tensor(self.train_tensor).series(mode=self.train_mode)
         if not len(val_steps) or not len(train_steps):
             return None
+        if int(train_steps[0]) > 0:  # a model trained before (a checkpoint, xgb_model=): no untrained start
+            self._judged.add(worker)
+            raise NotApplicable(f"the run's training began at step {int(train_steps[0])}, not 0: the model trained "
+                                "before it (resumed from a checkpoint, a booster trained further), so its loss at the "
+                                "start is no untrained model's to measure the first evaluation against")
         first_eval, eval_step = float(val[0]), int(val_steps[0])
         # after training steps, BatchNorm's running statistics may still lag weights that moved fast (SGD 0.1 with
         # momentum: 70 at the first evaluation, 1.5 at the next): a later evaluation back below the start undoes it

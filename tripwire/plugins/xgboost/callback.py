@@ -108,6 +108,8 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         config = booster_config(model)
         self._trees = booster_kind(config) in TREE_BOOSTERS
         self._state, self._unreadable = "finished", set()
+        self._rounds_before = model.num_boosted_rounds()
+        self._offset: int | None = None  # rounds before this training's first, once it ran (_round)
         if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
             url = self._start(model, config, url, self.append)
         self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
@@ -128,9 +130,21 @@ class TripwireCallback(xgb.callback.TrainingCallback):
                                         "num_features": model.num_features()},
                                   provides=PROVIDES, append=append)
         self._recorder.start()
-        self._recorder.first_step(first_step(config, 0, self._eval_labels()))
         self._verdicts = self._recorder.verdicts
         return self._recorder.run_url
+
+    def _round(self, model, epoch: int) -> int:
+        """The booster's own round of this iteration: XGBoost counts `epoch` from 0 again for a booster trained
+        further (xgb_model=), whose rounds go on from those it held, so that a run appended to never repeats a step
+        and the rules see that they did not see training begin; a booster refreshing its trees in place
+        (process_type=update) adds none, and its round is the one it refreshes. Known at the first iteration, where
+        the setup the booster starts with is recorded (loss_setup's first step)."""
+        if self._offset is None:
+            adds = model.num_boosted_rounds() > self._rounds_before
+            self._offset = self._rounds_before if adds else 0
+            if self._recorder is not None:
+                self._recorder.first_step(first_step(booster_config(model), self._offset, self._eval_labels()))
+        return self._offset + epoch
 
     def _eval_labels(self):
         """The labels of the eval data, where the callback was given any."""
@@ -151,6 +165,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
 
     # -- rounds ---------------------------------------------------------------------------------------------------
     def after_iteration(self, model, epoch: int, evals_log) -> bool:
+        epoch = self._round(model, epoch)
         if self._recorder is not None and self._recorder.clock:
             self._recorder.alive()
         collections, evaluated = self._plan.at("train", epoch), self._plan.at("eval", epoch)
