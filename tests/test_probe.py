@@ -338,6 +338,36 @@ def test_each_call_of_a_shared_activation_is_captured_with_the_layer_it_takes(tm
         assert "(the output of Linear fc1)" in fired[0].message and "Every bias of Linear fc1" in fired[0].hint
 
 
+def test_a_backbone_run_under_inference_mode_trains_on_while_the_layers_behind_activations_are_noted(tmp_path):
+    """Features from a frozen backbone computed under torch.inference_mode keep no version counter, which noting
+    the layer behind each activation reads: reading it raised into the training's forward pass."""
+    class Probed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+            self.head = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+        def forward(self, x):
+            with torch.inference_mode():
+                features = self.backbone(x)
+            return self.head(features.clone())
+
+    torch.manual_seed(0)
+    model = Probed()
+    optimizer = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    _, _, batches = model_and_data()
+    config = {"sampling": {"every": 5}, "collections": {"activations": {}}, "rules": []}
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for x, y in batches[:10]:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    assert run.info["status"] == "finished" and run.first_step.producers == {"head.1": "head.0"}
+
+
 def test_a_shared_activation_is_given_no_layer_where_no_step_was_seen():
     """Without what the first step saw (a run from before, a plugin that cannot see it), the model's structure
     names the layer before an activation for a module called once per forward pass only."""

@@ -58,11 +58,12 @@ class TorchCapture:
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
         self._calls: dict = {}  # path -> the calls of that module's hook in this forward pass (naming.call_path)
         # {activation: the layer whose output it took}, seen in the forward of the first training step sampled, where
-        # it captured activations (FirstStep.producers); None until then
-        self.producers: dict | None = None
-        self._first_train = True  # no training step was sampled yet
+        # it captured activations (FirstStep.producers, through `producers`)
+        self._producers: dict = {}
+        self._seen_call = False  # an activation's call was seen while producers were noted
+        self._first_train = True  # no training step was sampled yet (or none where an activation's call was seen)
         # while producers are seen: id(output) -> (weak reference to it, the layer it is of, its version then)
-        self._made: dict = {}
+        self._made: dict | None = None
         self._taking: dict = {}  # while producers are seen: id(activation module) -> the layer its call takes
         self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
         self._unread: set = set()  # names of tensors that could not be read (said once each)
@@ -164,7 +165,9 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
-        self._made, self._taking = {}, {}
+        if self._made is not None and not self._seen_call:  # the step's forward ran before its hooks (a probe
+            self._first_train = True  # whose model is never called itself): noted at the next sampled step
+        self._made, self._taking = None, {}
         ran = None if not self.watching_steps or None in self._ran else self._ran  # a skipped step changes nothing
         if self._path is not None:
             self._judge_gradient_path(ran)
@@ -358,6 +361,12 @@ class TorchCapture:
                         "activations", path, kind, isinstance(producer, CHANNELS_FIRST))))
         self._hooks += [module.register_forward_hook(hook) for module, hook in self._activation_hooks]
 
+    @property
+    def producers(self) -> dict | None:
+        """{activation: the layer whose output it took}, as the first training step sampled with activations whose
+        forward pass ran under the hooks saw it; None before such a step."""
+        return self._producers if self._seen_call else None
+
     def new_forward(self) -> None:
         """Another forward pass of the step begins (a later micro-batch of gradient accumulation): its modules'
         calls are counted from the first again, so that each micro-batch names its activations alike."""
@@ -368,7 +377,7 @@ class TorchCapture:
         dropout, pooling and reshaping modules), so that each activation's hook finds the layer whose output it
         takes. Made once, at the first training step sampled with activations: a model computes alike at every step,
         and no other step pays for it."""
-        self.producers, self._made, self._taking = {}, {}, {}
+        self._producers, self._made, self._taking = {}, {}, {}
         for path, module in named_modules(self.module):
             if isinstance(module, PASS_THROUGH):
                 self._hooks.append(module.register_forward_hook(self._passed_on))
@@ -379,14 +388,17 @@ class TorchCapture:
                         if is_activation(module)]
 
     def _made_by(self, layer: str, module, inputs, output) -> None:
-        if isinstance(output, (tuple, list)) and output:
-            output = output[0]
-        if isinstance(output, torch.Tensor):
-            self._made[id(output)] = (weakref.ref(output), layer, output._version)
+        self._note_made(output[0] if isinstance(output, (tuple, list)) and output else output, layer)
 
     def _passed_on(self, module, inputs, output) -> None:
         layer = self._layer_of(inputs)
-        if layer is not None and isinstance(output, torch.Tensor):
+        if layer is not None:
+            self._note_made(output, layer)
+
+    def _note_made(self, output, layer: str) -> None:
+        """Note a layer's output, where it is a tensor that keeps a version counter (one made under
+        torch.inference_mode, a frozen backbone's features, keeps none: it is left out)."""
+        if isinstance(output, torch.Tensor) and not output.is_inference():
             self._made[id(output)] = (weakref.ref(output), layer, output._version)
 
     def _takes(self, module, inputs) -> None:
@@ -414,8 +426,10 @@ class TorchCapture:
                     if path_now is None:
                         self._say_once(path, calls_left_out(path))
                         return
-                    if (layer := self._taking.pop(id(module), None)) is not None:
-                        self.producers[path_now] = layer
+                    if self._made is not None:
+                        self._seen_call = True
+                        if (layer := self._taking.pop(id(module), None)) is not None:
+                            self._producers[path_now] = layer
                 else:
                     path_now = path
                 channels = 1 if channels_first or tensor.dim() >= 4 else -1
