@@ -132,11 +132,10 @@ class FirstStep:
 
     def to_dict(self) -> dict:
         """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
-        stored = {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
-                                                for u in self.losses]}
-        if self.objectives is not None:
-            stored["objectives"] = self.objectives
-        return stored if self.producers is None else {**stored, "producers": dict(self.producers)}
+        known = {"objectives": self.objectives, "producers": self.producers}
+        return {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
+                                              for u in self.losses],
+                **{key: value for key, value in known.items() if value is not None}}
 
     @classmethod
     def from_dict(cls, data) -> FirstStep | None:

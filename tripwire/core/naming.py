@@ -55,6 +55,13 @@ def call_path(path: str, call: int) -> str | None:
     return path if call == 1 else f"{path}{CALL}{call}" if call <= CALLS_KEPT else None
 
 
+def next_call(calls: dict, path: str) -> str | None:
+    """Count one more call of the module at `path` in `calls` ({path: calls so far in this forward pass}) and
+    give the path it is captured under (call_path)."""
+    calls[path] = calls.get(path, 0) + 1
+    return call_path(path, calls[path])
+
+
 def calls_left_out(path: str) -> str:
     """What the log says, once, of a module called more than CALLS_KEPT times in one forward pass."""
     return (f"tripwire: {path} is called more than {CALLS_KEPT} times in one forward pass; its first {CALLS_KEPT} "

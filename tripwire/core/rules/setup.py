@@ -81,19 +81,13 @@ class LossSetup(Rule):
 def _broadcast(use) -> tuple | None:
     """The shape an element-wise loss computed over where its predictions and targets broadcast into more elements
     than the predictions hold ((N, 1) against (N,): N x N), else None."""
-    labels = use.labels
-    if use.kind != "regression" or use.input_shape is None or labels is None or \
-            tuple(labels.shape) == tuple(use.input_shape):
+    if use.kind != "regression" or use.input_shape is None or use.labels is None:
         return None
     try:
-        spread = np.broadcast_shapes(tuple(use.input_shape), tuple(labels.shape))
+        spread = np.broadcast_shapes(tuple(use.input_shape), tuple(use.labels.shape))
     except ValueError:  # shapes the framework itself refuses
         return None
     return spread if math.prod(spread) > math.prod(use.input_shape) else None
-
-
-def _shape(shape) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _name(use) -> str:
@@ -137,9 +131,9 @@ def _problems(use):
                     f"sample. Use dim={use.class_axis}."))
     spread = _broadcast(use)
     if spread is not None:
-        out.append(("broadcast", "error", f"the predictions (shape {_shape(use.input_shape)}) and the targets (shape "
-                    f"{_shape(labels.shape)}) differ in shape, and the loss broadcasts them against each other into "
-                    f"{_shape(spread)}: it compares each prediction with every target, and the model learns their "
+        out.append(("broadcast", "error", f"the predictions (shape {tuple(use.input_shape)}) and the targets (shape "
+                    f"{tuple(labels.shape)}) differ in shape, and the loss broadcasts them against each other into "
+                    f"{tuple(spread)}: it compares each prediction with every target, and the model learns their "
                     "mean. Give both one shape: prediction.squeeze(-1), or target.unsqueeze(-1) / "
                     "view_as(prediction)."))
     if use.kind == "regression" and labels is not None:

@@ -47,7 +47,7 @@ import numpy as np
 from keras import ops
 
 from tripwire.core.model import ModelInfo, parameter_collection
-from tripwire.core.naming import SCALAR_COLLECTIONS, call_path, calls_left_out, collection_of
+from tripwire.core.naming import SCALAR_COLLECTIONS, calls_left_out, collection_of, next_call
 from tripwire.core.reductions import applicable
 from tripwire.core.reductions import plain_array
 from tripwire.core.reductions import reduce as reduce_numpy
@@ -128,7 +128,7 @@ class StepCapture:
         self._selected = list(self._layers(plan.collections["activations"])) if "activations" in plan else []
         self._wrappers: dict = {}
         self._graph_out: dict = {}
-        self._calls: dict = {}  # layer path -> its calls in the step being traced or run (naming.call_path)
+        self._calls: dict = {}  # layer path -> its calls in the step being traced or run (naming.next_call)
         self._graph = None
         self._order: dict = {}  # name -> when the step first handed it over: JAX delivers in no fixed order
         self._kinds: dict = {}  # name -> the kind its reductions are computed for
@@ -290,8 +290,7 @@ class StepCapture:
                 out = call(*args, **kwargs)
                 path_now = path
                 if collection == "activations":  # each call of a layer several calls share, under its own name
-                    self._calls[path] = self._calls.get(path, 0) + 1
-                    path_now = call_path(path, self._calls[path])
+                    path_now = next_call(self._calls, path)
                     if path_now is None:
                         self.warn_once(f"calls:{path}", calls_left_out(path))
                         return out

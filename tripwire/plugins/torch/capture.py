@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from tripwire.core.model import ModelInfo, parameter_collection
-from tripwire.core.naming import call_path, calls_left_out
+from tripwire.core.naming import calls_left_out, next_call
 from tripwire.core.reductions import combine_shards, shard_reductions
 from tripwire.core.sampling import CapturePlan
 
@@ -56,7 +56,7 @@ class TorchCapture:
         self._before: dict = {}
         self._taken: set = set()  # parameters whose weights (and gradients) this sample holds
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
-        self._calls: dict = {}  # path -> the calls of that module's hook in this forward pass (naming.call_path)
+        self._calls: dict = {}  # path -> the calls of that module's hook in this forward pass (naming.next_call)
         # {activation: the layer whose output it took}, seen in the forward of the first training step sampled, where
         # it captured activations (FirstStep.producers, through `producers`)
         self._producers: dict = {}
@@ -421,8 +421,7 @@ class TorchCapture:
                 output.get("logits") if isinstance(output, Mapping) else output
             if isinstance(tensor, torch.Tensor) and self._reductions is not None:
                 if collection == "activations":
-                    self._calls[path] = self._calls.get(path, 0) + 1
-                    path_now = call_path(path, self._calls[path])
+                    path_now = next_call(self._calls, path)
                     if path_now is None:
                         self._say_once(path, calls_left_out(path))
                         return
