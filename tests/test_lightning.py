@@ -379,3 +379,42 @@ def test_a_high_learning_rate_whose_steps_clipping_caps_is_no_alarm(tmp_path):
     losses = tripwire.open_run(callback.run_url).tensor("losses/train").series("value")[1]
     assert losses[-1] < 0.3 * losses[0], losses
     assert [v.message for v in callback.verdicts if v.fired and v.counts] == []
+
+
+def test_a_backbone_unfrozen_during_the_fit_is_captured_from_then_on(tmp_path):
+    """Lightning's BackboneFinetuning freezes `self.backbone` before the fit and, at the epoch asked, makes it
+    trainable and hands it to the optimizer as a new parameter group: its weights and gradients are captured
+    from that epoch on (they were never captured: what an optimizer held was found once, at the first sample)."""
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import BackboneFinetuning
+
+    torch.manual_seed(0)
+
+    class FineTuned(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+            self.head = torch.nn.Linear(32, 10)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.head(self.backbone(x)), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.head(self.backbone(x)), y))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(filter(lambda p: p.requires_grad, self.parameters()), lr=0.01)
+
+    module = FineTuned()
+    start = module.backbone[0].weight.detach().clone()
+    config = {"sampling": {"every": 10}, "collections": {"weights": {}, "gradients": {}, "losses": {}}, "rules": []}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    helpers.fit(callback, module, max_epochs=3, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)])
+    run = tripwire.open_run(callback.run_url)
+    assert not torch.equal(start, module.backbone[0].weight)  # the backbone did train, from epoch 1 (step 43)
+    assert run.tensor("gradients/backbone.0.weight").steps() == [50, 60, 70, 80, 90, 100, 110, 120]
+    assert run.tensor("gradients/head.weight").steps()[0] == 0
+    losses = run.tensor("losses/train").series("value")[1]
+    assert losses[-10:].mean() < 0.3 * losses[0]

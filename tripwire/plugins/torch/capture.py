@@ -65,7 +65,8 @@ class TorchCapture:
         # while producers are seen: id(output) -> (weak reference to it, the layer it is of, its version then)
         self._made: dict | None = None
         self._taking: dict = {}  # while producers are seen: id(activation module) -> the layer its call takes
-        self._held: dict = {}  # id(optimizer) or None -> [(path, parameter, its Parameter)] it steps, found once
+        self._held: dict = {}  # id(optimizer) or None -> (requires_grad flags, [(path, parameter, its Parameter)])
+        self._every_parameter = None  # the module's parameters, for a step no optimizer is known of
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
@@ -334,17 +335,25 @@ class TorchCapture:
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all
-        of them for None), in the model's order. Found once per optimizer: a walk of a large model costs more
-        than a sample's reductions, and a model does not change its parameters while it trains."""
+        of them for None), in the model's order. Found again only where which parameters the optimizer holds, or
+        which of them require a gradient, changed since (Lightning's BackboneFinetuning unfreezes a backbone and
+        hands it to the optimizer mid-fit): a walk of a large model costs more than a sample's reductions."""
         optimizer = _real(optimizer)
         key = None if optimizer is None else id(optimizer)
-        if key not in self._held:
-            held = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
-            self._held[key] = [(path, param, self.model.parameters[path])
-                               for path, param in named_parameters(self.module)
-                               if param.requires_grad and path in self.model.parameters
-                               and (held is None or id(param) in held)]
-        return self._held[key]
+        if optimizer is None:
+            if self._every_parameter is None:
+                self._every_parameter = list(self.module.parameters())
+            held = self._every_parameter
+        else:
+            held = [p for group in optimizer.param_groups for p in group["params"]]
+        signature = tuple(p.requires_grad for p in held)
+        if key not in self._held or self._held[key][0] != signature:
+            ids = {id(p) for p in held}
+            self._held[key] = (signature, [(path, param, self.model.parameters[path])
+                                           for path, param in named_parameters(self.module)
+                                           if param.requires_grad and path in self.model.parameters
+                                           and id(param) in ids])
+        return self._held[key][1]
 
     def _hook_activations(self, plan) -> None:
         """Forward hooks on the modules whose outputs the plan selects: leaves, or any module its patterns
