@@ -250,6 +250,29 @@ def test_targets_the_model_computes_itself_are_told_apart_from_the_data_s():
     assert not_a_fit(FirstStep(0, first.losses[1:])) is None
 
 
+def test_targets_a_frozen_network_outside_the_model_computes_stay_put():
+    """fast_neural_style's loss compares a frozen VGG's features of the output with its features of the input: the
+    targets come from parameters, but from a network that never trains, so the loss level is a fit (89,000 ->
+    1,500) and the loss rules judge it; they had said 'the targets move as it trains'. A frozen network inside the
+    model trained, or one whose parameters take a gradient (a target network), is still the model's own."""
+    torch.manual_seed(0)
+    net, features = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 8, 3, padding=1)
+    features.requires_grad_(False)
+    images = torch.randn(4, 3, 8, 8)
+    spy = LossSpy(net)
+    with spy:
+        F.mse_loss(features(net(images)), features(images))
+    assert [use.bootstrapped for use in spy.finish(0).losses] == [False]
+    model = nn.ModuleDict({"net": net, "frozen": features})
+    spy = LossSpy(model)
+    with spy:
+        F.mse_loss(net(images), features(images)[:, :3])
+        with torch.no_grad():
+            target = nn.Conv2d(3, 3, 1)(images)  # a network that takes gradients elsewhere
+        F.mse_loss(net(images), target)
+    assert [use.bootstrapped for use in spy.finish(0).losses] == [True, True]
+
+
 def td_value_learning(tmp_path, config):
     """TD(0) value learning on a ring of 20 states (rewards 0-2, gamma 0.99: values near 100), as DQN loops train:
     the target, r + gamma x V of a target network synced every 10 steps, is computed before the model's forward

@@ -52,9 +52,14 @@ FOLLOWED = 10_000  # tensors computed from a parameter followed, at least, befor
 
 
 class LossSpy(TorchFunctionMode):
-    def __init__(self, looking: bool = True):
-        """looking: False arms the spy: it follows which tensors are computed from a parameter, until `look()`."""
+    def __init__(self, model: torch.nn.Module | None = None, looking: bool = True):
+        """model: the module trained. A tensor computed from its parameters, or from any parameter that takes a
+        gradient, is the model's making (a target network's, a teacher's being trained too); from a frozen
+        parameter outside it, a fixed network's (fast neural style's frozen VGG features): those targets stay
+        put as the model trains. Every parameter counts where `model` is None.
+        looking: False arms the spy: it follows which tensors are computed from a parameter, until `look()`."""
         super().__init__()
+        self._own = None if model is None else {id(p) for p in model.parameters()}
         self.losses: list = []
         self._made_by: dict = {}  # id(tensor) -> (weak reference, producing activation, softmax over one unit)
         self._from_model: dict = {}  # id(tensor) -> weak reference, for the tensors computed from a parameter
@@ -103,10 +108,12 @@ class LossSpy(TorchFunctionMode):
                 self._made_by[id(out)] = (weakref.ref(out), *made[:2], None)
 
     def _computed_from_model(self, args, kwargs) -> bool:
-        """Whether an operation reads a parameter, or a tensor computed from one (one level into lists)."""
+        """Whether an operation reads one of the model's parameters (__init__), or a tensor computed from one
+        (one level into lists)."""
         for value in (*args, *kwargs.values()):
             for item in (value if isinstance(value, (tuple, list)) else (value,)):
-                if isinstance(item, torch.nn.Parameter) or self._is_from_model(item):
+                if isinstance(item, torch.nn.Parameter) and (self._own is None or item.requires_grad or
+                                                             id(item) in self._own) or self._is_from_model(item):
                     return True
         return False
 
@@ -212,7 +219,7 @@ def look_once(owner, method: str, step: int, seen, optimizers=()) -> None:
     reads forward's to pick the columns it feeds). Where `optimizers` are given, the FirstStep says how many
     objectives the call trained in turn (tripwire.plugins.torch.objectives: a manual-optimisation GAN's steps
     run inside its training_step)."""
-    spy, own = LossSpy(), owner.__dict__.get(method)
+    spy, own = LossSpy(owner if isinstance(owner, torch.nn.Module) else None), owner.__dict__.get(method)
     original = getattr(owner, method)
 
     @functools.wraps(original)

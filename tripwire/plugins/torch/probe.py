@@ -359,7 +359,7 @@ class TripwireProbe:
             self._capture.watch_gradients(self.optimizers)
         if self._sampled and (self._spy is None or not self._spy.looking):  # the first sampled step: what the
             if self._spy is None:  # loop does with its loss
-                self._spy = LossSpy().__enter__()
+                self._spy = LossSpy(self.model).__enter__()
             self._spy.look()
             self._objectives = Objectives(self.optimizers)
 
@@ -368,7 +368,7 @@ class TripwireProbe:
         tensors are computed from a parameter from here, so a target computed before the model's forward (a DQN's,
         by its target network) is known for the model's own."""
         if self._spy is None and self._capture.plan.at("train", self.global_step):
-            self._spy = LossSpy(looking=False).__enter__()
+            self._spy = LossSpy(self.model, looking=False).__enter__()
 
     def _disarm_look(self) -> None:
         """An evaluation before the first sampled step: the look waits for the training forward (no evaluation pays
