@@ -91,7 +91,8 @@ class LossUse:
         Each plugin counts them as its framework sums; None for a mean.
     bootstrapped: the targets were computed by the model itself, from its parameters (a DQN's temporal-difference
         target from its target network, a momentum encoder's or a teacher's output): they move as it trains, and
-        the loss's level is no measure of the fit. None where the plugin cannot tell (torch tells).
+        the loss's level is no measure of the fit. A frozen network outside the model (a perceptual loss's VGG)
+        computes data. None where the plugin cannot tell (torch tells).
     input_shape: the shape of the loss's input (the predictions) as the loss got it, where the framework hands it
         over as it is (torch; Keras brings predictions and targets to one rank first).
     softmax_axis, class_axis: for a categorical loss whose input a softmax or log_softmax made as it is (no reshape
