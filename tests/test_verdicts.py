@@ -618,3 +618,51 @@ def test_forward_forward_training_one_layer_after_another_is_silent_and_seen(tmp
     assert not [(v.rule, v.step, v.message) for v in run.verdicts() if v.fired and v.severity != "info"]
     first, second = (run.tensor(f"weights/layers.{i}.weight").steps() for i in (0, 1))
     assert first[:2] == [0, 1] and max(first) < 250 <= min(second)  # each while its optimizer steps
+
+
+def test_a_summed_reconstruction_loss_is_not_compared_with_a_classifier_s_chance(tmp_path):
+    """pytorch/examples' VAE sums its binary cross-entropy over every pixel (reduction="sum"): a sample's loss is
+    64 pixels' worth, far above ln 2 however well the model reconstructs. With the KL term warmed up (beta from 0 to
+    1), the validation ELBO (beta 1) rises from its best while the training loss falls: overfit's "never below
+    chance" called that memorising labels (a port: 165 per sample against ln 2)."""
+    torch.manual_seed(0)
+    (xt, _), (xv, _) = helpers.digits(pixels=True)
+    train, valid = torch.tensor(xt / 255), torch.tensor(xv / 255)
+
+    class VAE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.mean, self.log_var = torch.nn.Linear(64, 64), torch.nn.Linear(64, 4), \
+                torch.nn.Linear(64, 4)
+            self.decoder = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+
+        def forward(self, x):
+            h = torch.relu(self.encoder(x))
+            mu, log_var = self.mean(h), self.log_var(h)
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * log_var)
+            return torch.sigmoid(self.decoder(z)), mu, log_var
+
+    def elbo_terms(x):
+        out, mu, log_var = model(x)
+        kl = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())
+        return torch.nn.functional.binary_cross_entropy(out, x, reduction="sum"), kl
+
+    model = VAE()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    config = {"rules": ["overfit", "first_evaluation"], "sampling": {"every": 10}}
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for epoch in range(30):
+            for batch in train.split(32):
+                beta = min(1.0, probe.global_step / 600)
+                reconstruction, kl = elbo_terms(batch)
+                loss = (reconstruction + beta * kl) / len(batch)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+            with torch.no_grad():
+                probe.log_eval({"val_loss": float(sum(elbo_terms(valid))) / len(valid)})
+    run = tripwire.open_run(probe.run_url)
+    losses = run.tensor("losses/train").series()[1]
+    assert losses[-20:].mean() < 0.6 * losses[0]
+    assert [v.message for v in run.verdicts() if v.fired] == []

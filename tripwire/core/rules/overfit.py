@@ -39,21 +39,20 @@ class Overfit(Rule):
     name = "overfit"
     limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
     modes = ("eval",)
-    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its best"
-                 " before them by more than `min_delta` of that best, more than its own noise (the median change from "
-                 "one evaluation to the next) and more than `give_back` of what it had come down from its first "
-                 "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
-                 "rising (the newest above the one before the streak and not below the streak's first: a bump "
-                 "after a noisy step comes back down), "
-                 "while the training loss (`train_tensor`, mean since the evaluation before, stored at both) is no "
-                 "higher than at the best evaluation, nor the learning rate higher than then (a schedule that raised "
-                 "it: a one-cycle, a "
-                 "warm restart); or, for a classifier of C classes (from the first step's loss), the validation loss "
-                 "has not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new"
-                 " low (one still falling is learning), while the training loss fell by `min_delta` of its first value"
-                 " (labels that do not match their inputs), judged once the training steps have left less than 1% of "
-                 "BatchNorm's initial running statistics (an evaluation normalises with them; the best a "
-                 "validation loss rises from is one of an evaluation made after that too)")
+    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its best "
+                "before them by more than `min_delta` of that best, more than its own noise (the median change from "
+                "one evaluation to the next) and more than `give_back` of what it had come down from its first "
+                "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
+                "rising (the newest above the one before the streak and not below the streak's first: a bump after a "
+                "noisy step comes back down), while the training loss (`train_tensor`, mean since the evaluation "
+                "before, stored at both) is no higher than at the best evaluation, nor the learning rate higher than "
+                "then (a schedule that raised it: a one-cycle, a warm restart); or, for a classifier of C classes "
+                "(from the first step's loss, a mean of its terms), the validation loss has not once been below "
+                "`at_chance` times ln C, and its newest `patience` evaluations brought no new low (one still falling "
+                "is learning), while the training loss fell by `min_delta` of its first value (labels that do not "
+                "match their inputs), judged once the training steps have left less than 1% of BatchNorm's initial "
+                "running statistics (an evaluation normalises with them; the best a validation loss rises from is one "
+                "of an evaluation made after that too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -164,10 +163,11 @@ def _rate(run, step: int) -> float:
 
 def _chance(run) -> tuple[float, int] | None:
     """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
-    (the first step's record), else None."""
+    and takes the mean of its terms (the first step's record), else None. A loss that sums them (pytorch/examples'
+    VAE sums the binary cross-entropy of every pixel) is many times ln C however well the model fits."""
     first = run.first_step
     for use in first.losses if first is not None else ():
-        if use.reads == "scores" or use.kind not in ("categorical", "binary"):
+        if use.reads == "scores" or use.kind not in ("categorical", "binary") or use.terms is not None:
             continue
         classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
         return math.log(classes), classes
