@@ -37,10 +37,11 @@ class FirstEvaluation(Rule):
                 "step 0): the first value of `val_tensor` (in `val_mode`) is more than `factor` times the larger of "
                 "the training loss at the start (the largest sampled value of `train_tensor` up to the first "
                 "evaluation, or its first value where the evaluation came before any training) and, for a classifier "
-                "of C classes (from the first step's loss, a mean of its terms), ln C; where the model trained before "
-                "its first evaluation, the second must still be above that baseline, and with BatchNorm's running "
-                "statistics every one up to the one after the first made once they hold less than 1% of their initial "
-                "values (they can lag weights a high rate moved fast, for a few evaluations, which the next ones undo)")
+                "of C classes (from the first step's loss, one that takes the mean of its terms), ln C; where the "
+                "model trained before its first evaluation, the second must still be above that baseline, and with "
+                "BatchNorm's running statistics every one up to the one after the first made once they hold less than "
+                "1% of their initial values (they can lag weights a high rate moved fast, for a few evaluations, "
+                "which the next ones undo)")
     hint = ("The model is evaluated far worse than it trains from the start. Likely causes: a module whose eval "
             "mode needs state only training builds — torch.nn.utils.spectral_norm evaluated before any training "
             "forward (its power iteration has not run), BatchNorm whose running statistics never moved (momentum "

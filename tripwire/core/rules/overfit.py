@@ -47,12 +47,12 @@ class Overfit(Rule):
                 "noisy step comes back down), while the training loss (`train_tensor`, mean since the evaluation "
                 "before, stored at both) is no higher than at the best evaluation, nor the learning rate higher than "
                 "then (a schedule that raised it: a one-cycle, a warm restart); or, for a classifier of C classes "
-                "(from the first step's loss, a mean of its terms), the validation loss has not once been below "
-                "`at_chance` times ln C, and its newest `patience` evaluations brought no new low (one still falling "
-                "is learning), while the training loss fell by `min_delta` of its first value (labels that do not "
-                "match their inputs), judged once the training steps have left less than 1% of BatchNorm's initial "
-                "running statistics (an evaluation normalises with them; the best a validation loss rises from is one "
-                "of an evaluation made after that too)")
+                "(from the first step's loss, one that takes the mean of its terms), the validation loss has not once "
+                "been below `at_chance` times ln C, and its newest `patience` evaluations brought no new low (one "
+                "still falling is learning), while the training loss fell by `min_delta` of its first value (labels "
+                "that do not match their inputs), judged once the training steps have left less than 1% of "
+                "BatchNorm's initial running statistics (an evaluation normalises with them; the best a validation "
+                "loss rises from is one of an evaluation made after that too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -164,10 +164,12 @@ def _rate(run, step: int) -> float:
 def _chance(run) -> tuple[float, int] | None:
     """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
     and takes the mean of its terms (the first step's record), else None. A loss that sums them (pytorch/examples'
-    VAE sums the binary cross-entropy of every pixel) is many times ln C however well the model fits."""
+    VAE sums the binary cross-entropy of every pixel), or hands them to the loop to add up (reduction "none"), is
+    many times ln C however well the model fits."""
     first = run.first_step
     for use in first.losses if first is not None else ():
-        if use.reads == "scores" or use.kind not in ("categorical", "binary") or use.terms is not None:
+        if use.reads == "scores" or use.kind not in ("categorical", "binary") or use.terms is not None or \
+                use.settings.get("reduction") in ("sum", "none"):
             continue
         classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
         return math.log(classes), classes
