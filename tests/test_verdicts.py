@@ -668,3 +668,41 @@ def test_a_summed_reconstruction_loss_is_not_compared_with_a_classifier_s_chance
     losses = run.tensor("losses/train").series()[1]
     assert losses[-20:].mean() < 0.6 * losses[0]
     assert [v.message for v in run.verdicts() if v.fired] == []
+
+
+def test_weights_an_lbfgs_fit_stops_changing_once_converged_are_told_at_info(tmp_path):
+    """torch's L-BFGS ends a step without an update once its tolerance is met: a full-batch logistic regression
+    (the temperature-scaling idiom, optimizer.step(closure)) converges in a few outer steps and its weights stay
+    bit-identical from there. unchanged_tensor called that an error ('did not change over their last 3 samples')
+    under the default config; the same weights left unchanged from the start stay an error."""
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = torch.tensor((x - x.mean(0)) / x.std(0), dtype=torch.float32)
+    y = torch.tensor(y, dtype=torch.float32)
+    config = {"rules": ["unchanged_tensor"], "sampling": {"every": 10}, "collections": {"weights": {}}}
+
+    def fit(name, lr):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(30, 1)
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=lr, max_iter=20, line_search_fn="strong_wolfe"
+                                      if lr else None)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
+            loss.backward()
+            return loss
+
+        with TripwireProbe(model, optimizer, config, out_dir=tmp_path / name) as probe:
+            for _ in range(40):
+                probe.step(optimizer.step(closure))
+        accuracy = float(((model(x).squeeze(1) > 0).float() == y).float().mean())
+        return accuracy, [v for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+
+    accuracy, verdicts = fit("converged", 1.0)
+    assert accuracy > 0.97
+    assert [(v.severity, v.finding) for v in verdicts] == [("info", "converged")]
+    assert "LBFGS" in verdicts[0].message and "weights/weight" in verdicts[0].message
+    accuracy, verdicts = fit("still", 0.0)
+    assert accuracy < 0.9 and [v.severity for v in verdicts] == ["error"]

@@ -227,6 +227,13 @@ def _regression_output(run) -> str | None:
     return kernels[-1].path if kernels else None
 
 
+# Optimizers that end a step without an update once their own tolerance is met (torch's L-BFGS: the gradient below
+# tolerance_grad, or a step or loss change below tolerance_change): weights that stop changing have converged.
+CONVERGING = frozenset({"LBFGS"})
+CONVERGED_HINT = ("The optimizer has converged: further steps change nothing. Stop here (fewer outer steps), or, "
+                  "if the fit is not good enough, lower tolerance_grad / tolerance_change or change the model.")
+
+
 @dataclass
 class UnchangedTensor(Rule):
     """Layers that do not train: weights that no step changes, and layers frozen in the middle of a trained model."""
@@ -239,13 +246,15 @@ class UnchangedTensor(Rule):
 
     name = "unchanged_tensor"
     limits = {"num_steps": Range(2, what="samples: one has nothing to compare with")}
-    condition = ("(a) a trainable kernel's or embedding table's values are allclose (rtol, atol; by default: "
-                 "equal) over its last `num_steps` samples: its full values where saved, else every captured "
-                 "reduction (l2, mean, min, max); not judged once the learning rate has decayed below 1/1000 of its "
-                 "largest value so far (the end of a schedule), an error where the learning rate has been 0 at "
-                 "every sample; (b) at the first step, from the model's structure: a frozen kernel (requires_grad "
-                 "False, trainable False, or held by no optimizer) with trained kernels before it, in a model that "
-                 "trains most of its kernel weights (fine-tuning freezes a first part, adapters leave most frozen)")
+    condition = ("(a) a trainable kernel's or embedding table's values are allclose (rtol, atol; by default: equal) "
+                "over its last `num_steps` samples: its full values where saved, else every captured reduction (l2, "
+                "mean, min, max); not judged once the learning rate has decayed below 1/1000 of its largest value so "
+                "far (the end of a schedule), an error where the learning rate has been 0 at every sample; info "
+                "(finding `converged`) where the model's every optimizer ends its steps without an update once its "
+                "own tolerance is met (torch's LBFGS) and each such tensor was seen changing before; (b) at the first "
+                "step, from the model's structure: a frozen kernel (requires_grad False, trainable False, or held by "
+                "no optimizer) with trained kernels before it, in a model that trains most of its kernel weights "
+                "(fine-tuning freezes a first part, adapters leave most frozen)")
     hint = ("These layers do not train. Likely causes: their parameters are frozen by mistake (requires_grad / "
             "trainable False left over from a freezing loop) or missing from the optimizer (built before a layer "
             "was added or unfrozen), a learning rate of 0 (a schedule bug), gradients that never reach them "
@@ -259,6 +268,7 @@ class UnchangedTensor(Rule):
     def __post_init__(self):
         self._structure_judged: set = set()  # workers
         self._top_rate: dict = {}  # worker -> the largest learning rate seen (memory holds only the last samples)
+        self._moved: dict = {}  # worker -> names of the tensors seen changing over `num_steps` samples
 
     @property
     def history(self):
@@ -300,7 +310,10 @@ class UnchangedTensor(Rule):
         # a kernel left out of the optimizer is captured (it has a gradient) and judged: it is what (a) is for
         names = list(of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False))
         rate = self._rate(run, step)
-        unchanged = [n for n in names if self._same(run.tensor(n), step)]
+        same = {n: self._same(run.tensor(n), step) for n in names}
+        unchanged = [n for n, s in same.items() if s]
+        moved = self._moved.setdefault(run.default_worker, set())
+        moved.update(n for n, s in same.items() if s is False)
         if not unchanged:
             return None
         top = self._top_rate.get(run.default_worker)
@@ -308,6 +321,13 @@ class UnchangedTensor(Rule):
             return None  # the schedule brought the learning rate down to about 0: the end of training
         never = rate is not None and not top
         training = [n for n in names if n not in unchanged]
+        optimizers = run.model.optimizers if run.model is not None else ()
+        if optimizers and set(optimizers) <= CONVERGING and moved.issuperset(unchanged):
+            return self.fire(step, f"{len(unchanged)} of {len(names)} tensors stopped changing after they trained: "
+                                   f"{', '.join(unchanged[:5])}{' …' if len(unchanged) > 5 else ''}. "
+                                   f"{' and '.join(sorted(set(optimizers)))} ends a step without an update once its "
+                                   "own tolerance is met (tolerance_grad, tolerance_change): the fit has converged.",
+                             severity="info", finding="converged", unchanged=unchanged, hint=CONVERGED_HINT)
         what = "the learning rate has been 0 at every sample so far" if never else \
             f"{len(training)} other tensors changed"
         return self.fire(step, f"{len(unchanged)} of {len(names)} tensors did not change over their last "
@@ -329,7 +349,9 @@ class UnchangedTensor(Rule):
         self._top_rate[run.default_worker] = max(top, values[-1])
         return values[-1]
 
-    def _same(self, tensor, step) -> bool:
+    def _same(self, tensor, step) -> bool | None:
+        """Whether the tensor's last `num_steps` samples, the newest at `step`, are alike; None where it has fewer
+        or none at `step`."""
         saved = tensor.steps(tensors=True)[-self.num_steps:]
         if len(saved) == self.num_steps and saved[-1] == step:  # full values: compare them
             values = [tensor.value(s) for s in saved]
@@ -341,9 +363,9 @@ class UnchangedTensor(Rule):
                 continue
             steps, last = tensor.tail(reduction, self.num_steps)
             if len(steps) < self.num_steps or steps[-1] != step:
-                return False
+                return None
             # np.allclose's test, without its cost for a few numbers
             if not all(a == b or abs(a - b) <= self.atol + self.rtol * abs(b) for a, b in zip(last[1:], last)):
                 return False
             compared = True
-        return compared
+        return True if compared else None
