@@ -112,6 +112,7 @@ class TripwireProbe:
         self._skipped = 0  # training steps in a row in which no optimizer stepped (accumulation, a GradScaler's skip)
         self._stepped_now: set = set()  # the ids of the optimizers that stepped in this step, and in the last that
         self._stepped_last: set = set()  # any did: where none is in both, another objective is trained (spikes)
+        self._shapes = InputShapes()  # inputs of a shape not seen before begin a stage of their own (spikes)
         self._in_step = None  # the optimizer whose step is running (a closure's forward may begin the step in it)
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
@@ -280,6 +281,8 @@ class TripwireProbe:
             self._forwards.this_step += 1
         if self._begun:
             return
+        if self._shapes.new_stage(args[0] if args else None):
+            self._recorder.new_objective(self.global_step)
         self._begin()
         if self._sampled and args:
             self._capture.take_inputs(args[0])
@@ -443,6 +446,34 @@ class TripwireProbe:
 def _several_processes() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class InputShapes:
+    """The shape of the model's first input per sample (the batch dimension aside), step by step, while few are
+    seen: a shape not seen before begins a stage of training of its own (progressive resizing trains on small
+    images, then on large ones), whose loss starts over from about the untrained level, on purpose, with no fault of
+    the training. Inputs that come in many shapes (sequences of every length, multi-scale training) tell no stage:
+    they are no longer followed once more than MOST shapes were seen."""
+
+    MOST = 4
+
+    def __init__(self):
+        self._seen: set | None = set()
+        self._last = None
+
+    def new_stage(self, inputs) -> bool:
+        """Whether these inputs, a step's first, begin a stage (a shape not seen before, after the first)."""
+        if self._seen is None or not isinstance(inputs, torch.Tensor) or inputs.dim() < 2:
+            return False
+        shape = tuple(inputs.shape[1:])
+        if shape == self._last:
+            return False
+        new = self._last is not None and shape not in self._seen
+        self._last = shape
+        self._seen.add(shape)
+        if len(self._seen) > self.MOST:
+            self._seen = None
+        return new
 
 
 def _warn_ranks_apart(workers: str) -> None:
