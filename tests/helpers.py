@@ -53,7 +53,7 @@ def classifier(net, lr=0.1, optimizer="sgd", momentum=0.0, pl=None):
             x, y = batch
             return torch.nn.functional.cross_entropy(self(x), y)  # forward(): tripwire sees the predictions
 
-        def validation_step(self, batch, batch_idx):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):  # one loader or several
             x, y = batch
             self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
 

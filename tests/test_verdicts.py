@@ -706,3 +706,15 @@ def test_weights_an_lbfgs_fit_stops_changing_once_converged_are_told_at_info(tmp
     assert "LBFGS" in verdicts[0].message and "weights/weight" in verdicts[0].message
     accuracy, verdicts = fit("still", 0.0)
     assert accuracy < 0.9 and [v.severity for v in verdicts] == ["error"]
+
+
+def test_several_validation_loaders_are_judged_by_the_first(tmp_path):
+    """With several validation loaders Lightning logs val_loss as val_loss/dataloader_idx_<k>: the rules that read
+    metrics/val_loss found none and said nothing at all (a port of a LightningModule validating on a clean and a
+    noisy set). The first loader's is the validation set they judge."""
+    train, valid = shuffled_loaders()
+    callback = TripwireCallback({"rules": ["overfit"], "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    module = helpers.mlp_module(hidden=(128,), optimizer="adam", lr=3e-3)
+    helpers.fit(callback, module, max_epochs=12, loaders=(train, [valid, valid]))
+    (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
+    assert verdict.finding == "chance" and verdict.message.startswith("metrics/val_loss/dataloader_idx_0 ")

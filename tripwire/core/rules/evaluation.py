@@ -17,7 +17,7 @@ import numpy as np
 from ..naming import collection_of
 from ..ranges import Range
 from .base import NotApplicable, Requirement, Rule, checked_mode
-from .overfit import _chance
+from .overfit import _chance, logged_as
 
 
 @dataclass
@@ -34,14 +34,15 @@ class FirstEvaluation(Rule):
     limits = {"factor": Range(1.0, None, what="times the start's loss")}
     modes = ("train", "eval")
     condition = ("judged once, when both are known, where the run saw training begin (its training series starts at "
-                "step 0): the first value of `val_tensor` (in `val_mode`) is more than `factor` times the larger of "
-                "the training loss at the start (the largest sampled value of `train_tensor` up to the first "
-                "evaluation, or its first value where the evaluation came before any training) and, for a classifier "
-                "of C classes (from the first step's loss, one that takes the mean of its terms), ln C; where the "
-                "model trained before its first evaluation, the second must still be above that baseline, and with "
-                "BatchNorm's running statistics every one up to the one after the first made once they hold less than "
-                "1% of their initial values (they can lag weights a high rate moved fast, for a few evaluations, "
-                "which the next ones undo)")
+                "step 0): the first value of `val_tensor` (in `val_mode`; or the first series logged under it, "
+                "Lightning's `val_loss/dataloader_idx_0` of several validation loaders) is more than `factor` times "
+                "the larger of the training loss at the start (the largest sampled value of `train_tensor` up to the "
+                "first evaluation, or its first value where the evaluation came before any training) and, for a "
+                "classifier of C classes (from the first step's loss, one that takes the mean of its terms), ln C; "
+                "where the model trained before its first evaluation, the second must still be above that baseline, "
+                "and with BatchNorm's running statistics every one up to the one after the first made once they hold "
+                "less than 1% of their initial values (they can lag weights a high rate moved fast, for a few "
+                "evaluations, which the next ones undo)")
     hint = ("The model is evaluated far worse than it trains from the start. Likely causes: a module whose eval "
             "mode needs state only training builds — torch.nn.utils.spectral_norm evaluated before any training "
             "forward (its power iteration has not run), BatchNorm whose running statistics never moved (momentum "
@@ -68,10 +69,11 @@ class FirstEvaluation(Rule):
 
     def check(self, run, step):
         worker = run.default_worker
-        if worker in self._judged or self.val_tensor not in run.tensor_names(mode=self.val_mode) or \
+        val_tensor = logged_as(run, self.val_tensor, self.val_mode)
+        if worker in self._judged or val_tensor is None or \
                 self.train_tensor not in run.tensor_names(mode=self.train_mode):
             return None
-        val_steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
+        val_steps, val = run.tensor(val_tensor).series(mode=self.val_mode)
         train_steps, train = run.tensor(self.train_tensor).series(mode=self.train_mode)
         if not len(val_steps) or not len(train_steps):
             return None
@@ -99,9 +101,9 @@ class FirstEvaluation(Rule):
         against = f"the training loss at the start ({float(start.max()):.4g})"
         if chance is not None:
             against += f" and ln {chance[1]} = {chance[0]:.4g}, an untrained classifier's loss"
-        return self.fire(step, f"the first evaluation's {self.val_tensor}, {first_eval:.4g} at step {eval_step}, is "
+        return self.fire(step, f"the first evaluation's {val_tensor}, {first_eval:.4g} at step {eval_step}, is "
                                f"{first_eval / baseline:.0f}x {against}: the model computes something else in "
-                               "evaluation than in training.", tensor=self.val_tensor, onset=eval_step,
+                               "evaluation than in training.", tensor=val_tensor, onset=eval_step,
                          first_eval=first_eval, baseline=baseline)
 
 

@@ -39,20 +39,22 @@ class Overfit(Rule):
     name = "overfit"
     limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
     modes = ("eval",)
-    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`) is above its best "
-                "before them by more than `min_delta` of that best, more than its own noise (the median change from "
-                "one evaluation to the next) and more than `give_back` of what it had come down from its first "
-                "evaluation to that best (near 0 a tiny loss can triple without undoing the learning), and still "
-                "rising (the newest above the one before the streak and not below the streak's first: a bump after a "
-                "noisy step comes back down), while the training loss (`train_tensor`, mean since the evaluation "
-                "before, stored at both) is no higher than at the best evaluation, nor the learning rate higher than "
-                "then (a schedule that raised it: a one-cycle, a warm restart); or, for a classifier of C classes "
-                "(from the first step's loss, one that takes the mean of its terms), the validation loss has not once "
-                "been below `at_chance` times ln C, and its newest `patience` evaluations brought no new low (one "
-                "still falling is learning), while the training loss fell by `min_delta` of its first value (labels "
-                "that do not match their inputs), judged once the training steps have left less than 1% of "
-                "BatchNorm's initial running statistics (an evaluation normalises with them; the best a validation "
-                "loss rises from is one of an evaluation made after that too)")
+    condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`; or the first "
+                "series logged under it, as Lightning logs each of several validation loaders' as "
+                "`val_loss/dataloader_idx_<k>`) is above its best before them by more than `min_delta` of that best, "
+                "more than its own noise (the median change from one evaluation to the next) and more than "
+                "`give_back` of what it had come down from its first evaluation to that best (near 0 a tiny loss can "
+                "triple without undoing the learning), and still rising (the newest above the one before the streak "
+                "and not below the streak's first: a bump after a noisy step comes back down), while the training "
+                "loss (`train_tensor`, mean since the evaluation before, stored at both) is no higher than at the "
+                "best evaluation, nor the learning rate higher than then (a schedule that raised it: a one-cycle, a "
+                "warm restart); or, for a classifier of C classes (from the first step's loss, one that takes the "
+                "mean of its terms), the validation loss has not once been below `at_chance` times ln C, and its "
+                "newest `patience` evaluations brought no new low (one still falling is learning), while the training "
+                "loss fell by `min_delta` of its first value (labels that do not match their inputs), judged once the "
+                "training steps have left less than 1% of BatchNorm's initial running statistics (an evaluation "
+                "normalises with them; the best a validation loss rises from is one of an evaluation made after that "
+                "too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -75,12 +77,13 @@ class Overfit(Rule):
                                                         collection_of(self.val_tensor)])]
 
     def check(self, run, step):
-        if step < self.start_step or self.val_tensor not in run.tensor_names(mode=self.val_mode):
+        val_tensor = logged_as(run, self.val_tensor, self.val_mode)
+        if step < self.start_step or val_tensor is None:
             return None
-        steps, val = run.tensor(self.val_tensor).series(mode=self.val_mode)
+        steps, val = run.tensor(val_tensor).series(mode=self.val_mode)
         if not len(steps) or steps[-1] != step or not np.isfinite(val[-1]):
             return None
-        found = train_means_at_evals(run, self.val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
+        found = train_means_at_evals(run, val_tensor, self.train_tensor, step, self.val_mode, self.train_mode)
         seen = self._seen.setdefault(run.default_worker, _Evaluations(self.patience))
         # BatchNorm's running statistics, which an evaluation normalises with, hold their initial values for
         # hundreds of steps at Keras' momentum 0.99: until then validation reads them more than the model (chance
@@ -98,7 +101,7 @@ class Overfit(Rule):
         # value, raw inputs) is learning, however slowly
         if chance is not None and settled and seen.lowest >= self.at_chance * chance[0] and \
                 min(recent) >= seen.lowest_before and train_now < (1 - self.min_delta) * seen.first_train:
-            return self.fire(step, f"{self.val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
+            return self.fire(step, f"{val_tensor} has not once been below chance: its lowest, {seen.lowest:.4g}, "
                                    f"is what guessing among {chance[1]} classes gives (ln {chance[1]} = "
                                    f"{chance[0]:.4g}), while the training loss fell from {seen.first_train:.4g} to "
                                    f"{train_now:.4g}: the model learns its training set, nothing that holds for "
@@ -124,9 +127,9 @@ class Overfit(Rule):
             # validation loss of a model under BatchNorm at ten times the rate jumps (1.98 -> 4.83) and comes back
             # below its best as the rate comes down; what it shows is the step size, not a fit of the training set
             return None
-        return self.fire(step, f"{self.val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
+        return self.fire(step, f"{val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
                                f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
-                               "not.", tensor=self.val_tensor, best=best, best_step=best_step, now=recent[-1])
+                               "not.", tensor=val_tensor, best=best, best_step=best_step, now=recent[-1])
 
 
 CHANCE_HINT = ("The validation loss never beats guessing while the training loss falls: the model memorises its "
@@ -215,12 +218,24 @@ class _Evaluations:
         return len(self.recent) == self.patience and self.earlier >= 2
 
 
+def logged_as(run, name: str, mode: str) -> str | None:
+    """The series a rule reads for `name` in `mode`: itself where logged, else the first series logged under it
+    (`<name>/...`: Lightning names the metric of each of several validation loaders `val_loss/dataloader_idx_<k>`,
+    and the first loader is the validation set), else None."""
+    names = run.tensor_names(mode=mode)
+    if name in names:
+        return name
+    under = sorted(n for n in names if n.startswith(name + "/"))
+    return under[0] if under else None
+
+
 def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",
                          train_mode: str = "train", least: int = 1):
     """(evaluation steps, validation values, mean training value since the evaluation before) up to `step`,
     which must be an evaluation; None when either series is missing. NaN where fewer than `least` training values
-    fell between."""
-    if val_tensor not in run.tensor_names(mode=val_mode) or train_tensor not in run.tensor_names(mode=train_mode):
+    fell between. The validation series as `logged_as` finds it."""
+    val_tensor = logged_as(run, val_tensor, val_mode)
+    if val_tensor is None or train_tensor not in run.tensor_names(mode=train_mode):
         return None
     val_steps, val = run.tensor(val_tensor).series(mode=val_mode)
     train_steps, train = run.tensor(train_tensor).series(mode=train_mode)
