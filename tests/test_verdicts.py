@@ -718,3 +718,16 @@ def test_several_validation_loaders_are_judged_by_the_first(tmp_path):
     helpers.fit(callback, module, max_epochs=12, loaders=(train, [valid, valid]))
     (verdict,) = [v for v in tripwire.open_run(callback.run_url).verdicts() if v.fired]
     assert verdict.finding == "chance" and verdict.message.startswith("metrics/val_loss/dataloader_idx_0 ")
+
+
+def test_a_term_of_the_validation_loss_is_not_the_validation_loss():
+    """Only the first loader's series stands in for metrics/val_loss: one logged under it as a term of the loss
+    (val_loss/kl of a VAE, which rises as the model learns to use its latent space) is not judged as the loss."""
+    from tripwire.core.rules.overfit import logged_as
+
+    history = History()
+    history.add(0, "eval", 10, {"metrics/val_loss/kl": {"value": 1.0}, "metrics/val_loss/recon": {"value": 2.0}})
+    assert logged_as(history, "metrics/val_loss", "eval") is None
+    history.add(0, "eval", 20, {"metrics/val_loss/dataloader_idx_0": {"value": 1.0},
+                                "metrics/val_loss/dataloader_idx_1": {"value": 2.0}})
+    assert logged_as(history, "metrics/val_loss", "eval") == "metrics/val_loss/dataloader_idx_0"

@@ -34,11 +34,11 @@ class FirstEvaluation(Rule):
     limits = {"factor": Range(1.0, None, what="times the start's loss")}
     modes = ("train", "eval")
     condition = ("judged once, when both are known, where the run saw training begin (its training series starts at "
-                "step 0): the first value of `val_tensor` (in `val_mode`; or the first series logged under it, "
-                "Lightning's `val_loss/dataloader_idx_0` of several validation loaders) is more than `factor` times "
-                "the larger of the training loss at the start (the largest sampled value of `train_tensor` up to the "
-                "first evaluation, or its first value where the evaluation came before any training) and, for a "
-                "classifier of C classes (from the first step's loss, one that takes the mean of its terms), ln C; "
+                "step 0): the first value of `val_tensor` (in `val_mode`; or the first validation loader's, "
+                "`<val_tensor>/dataloader_idx_0`, as Lightning names each of several loaders') is more than `factor` "
+                "times the larger of the training loss at the start (the largest sampled value of `train_tensor` up "
+                "to the first evaluation, or its first value where the evaluation came before any training) and, for "
+                "a classifier of C classes (from the first step's loss, one that takes the mean of its terms), ln C; "
                 "where the model trained before its first evaluation, the second must still be above that baseline, "
                 "and with BatchNorm's running statistics every one up to the one after the first made once they hold "
                 "less than 1% of their initial values (they can lag weights a high rate moved fast, for a few "

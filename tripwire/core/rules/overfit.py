@@ -40,21 +40,20 @@ class Overfit(Rule):
     limits = {"patience": COUNT, "min_delta": SHARE, "give_back": SHARE, "at_chance": SHARE}
     modes = ("eval",)
     condition = ("at `patience` evaluations in a row (from start_step), `val_tensor` (in `val_mode`; or the first "
-                "series logged under it, as Lightning logs each of several validation loaders' as "
-                "`val_loss/dataloader_idx_<k>`) is above its best before them by more than `min_delta` of that best, "
-                "more than its own noise (the median change from one evaluation to the next) and more than "
-                "`give_back` of what it had come down from its first evaluation to that best (near 0 a tiny loss can "
-                "triple without undoing the learning), and still rising (the newest above the one before the streak "
-                "and not below the streak's first: a bump after a noisy step comes back down), while the training "
-                "loss (`train_tensor`, mean since the evaluation before, stored at both) is no higher than at the "
-                "best evaluation, nor the learning rate higher than then (a schedule that raised it: a one-cycle, a "
-                "warm restart); or, for a classifier of C classes (from the first step's loss, one that takes the "
-                "mean of its terms), the validation loss has not once been below `at_chance` times ln C, and its "
-                "newest `patience` evaluations brought no new low (one still falling is learning), while the training "
-                "loss fell by `min_delta` of its first value (labels that do not match their inputs), judged once the "
-                "training steps have left less than 1% of BatchNorm's initial running statistics (an evaluation "
-                "normalises with them; the best a validation loss rises from is one of an evaluation made after that "
-                "too)")
+                "validation loader's, `<val_tensor>/dataloader_idx_0`, as Lightning names each of several loaders') "
+                "is above its best before them by more than `min_delta` of that best, more than its own noise (the "
+                "median change from one evaluation to the next) and more than `give_back` of what it had come down "
+                "from its first evaluation to that best (near 0 a tiny loss can triple without undoing the learning), "
+                "and still rising (the newest above the one before the streak and not below the streak's first: a "
+                "bump after a noisy step comes back down), while the training loss (`train_tensor`, mean since the "
+                "evaluation before, stored at both) is no higher than at the best evaluation, nor the learning rate "
+                "higher than then (a schedule that raised it: a one-cycle, a warm restart); or, for a classifier of C "
+                "classes (from the first step's loss, one that takes the mean of its terms), the validation loss has "
+                "not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new low "
+                "(one still falling is learning), while the training loss fell by `min_delta` of its first value "
+                "(labels that do not match their inputs), judged once the training steps have left less than 1% of "
+                "BatchNorm's initial running statistics (an evaluation normalises with them; the best a validation "
+                "loss rises from is one of an evaluation made after that too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -219,14 +218,14 @@ class _Evaluations:
 
 
 def logged_as(run, name: str, mode: str) -> str | None:
-    """The series a rule reads for `name` in `mode`: itself where logged, else the first series logged under it
-    (`<name>/...`: Lightning names the metric of each of several validation loaders `val_loss/dataloader_idx_<k>`,
-    and the first loader is the validation set), else None."""
+    """The series a rule reads for `name` in `mode`: itself where logged, else the first validation loader's
+    (Lightning names the metric of each of several loaders `<name>/dataloader_idx_<k>`; the first is the validation
+    set), else None. Not any series under the name: `val_loss/kl` is one term of a loss, not the loss."""
     names = run.tensor_names(mode=mode)
-    if name in names:
-        return name
-    under = sorted(n for n in names if n.startswith(name + "/"))
-    return under[0] if under else None
+    for logged in (name, f"{name}/dataloader_idx_0"):
+        if logged in names:
+            return logged
+    return None
 
 
 def train_means_at_evals(run, val_tensor: str, train_tensor: str, step: int, val_mode: str = "eval",
