@@ -170,7 +170,8 @@ class LossSpy(TorchFunctionMode):
 def _bootstrapped(target, from_model: bool) -> bool:
     """Whether a loss's target is the model's own making: computed from a parameter with no gradient through it
     (under no_grad or detached: a TD target from a target network, a teacher's or a momentum encoder's output; the
-    spy counts a frozen network's outside the model as data). One that takes a gradient is a second output of the model trained against the first (a siamese pair)."""
+    spy counts a frozen network's outside the model as data). One that takes a gradient is a second output of the
+    model trained against the first (a siamese pair)."""
     return from_model and isinstance(target, torch.Tensor) and not target.requires_grad
 
 
