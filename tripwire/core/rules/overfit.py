@@ -46,14 +46,17 @@ class Overfit(Rule):
                 "from its first evaluation to that best (near 0 a tiny loss can triple without undoing the learning), "
                 "and still rising (the newest above the one before the streak and not below the streak's first: a "
                 "bump after a noisy step comes back down), while the training loss (`train_tensor`, mean since the "
-                "evaluation before, stored at both) is no higher than at the best evaluation, nor the learning rate "
-                "higher than then (a schedule that raised it: a one-cycle, a warm restart); or, for a classifier of C "
-                "classes (from the first step's loss, one that takes the mean of its terms), the validation loss has "
-                "not once been below `at_chance` times ln C, and its newest `patience` evaluations brought no new low "
-                "(one still falling is learning), while the training loss fell by `min_delta` of its first value "
-                "(labels that do not match their inputs), judged once the training steps have left less than 1% of "
-                "BatchNorm's initial running statistics (an evaluation normalises with them; the best a validation "
-                "loss rises from is one of an evaluation made after that too)")
+                "evaluation before, stored at both) is no higher than at the best evaluation and has fallen by "
+                "`min_delta` since the rise began (the newest evaluation before them within that margin: a validation "
+                "loss that jumps while the training loss stands still is the evaluation's own, BatchNorm's moving "
+                "statistics out of step with the weights), nor the learning rate higher than then (a schedule that "
+                "raised it: a one-cycle, a warm restart); or, for a classifier of C classes (from the first step's "
+                "loss, one that takes the mean of its terms), the validation loss has not once been below `at_chance` "
+                "times ln C, and its newest `patience` evaluations brought no new low (one still falling is "
+                "learning), while the training loss fell by `min_delta` of its first value (labels that do not match "
+                "their inputs), judged once the training steps have left less than 1% of BatchNorm's initial running "
+                "statistics (an evaluation normalises with them; the best a validation loss rises from is one of an "
+                "evaluation made after that too)")
     hint = ("The validation loss rises while the training loss keeps falling: the model fits the training data, "
             "not the task. Try: early stopping on the validation loss (keep the best checkpoint), more data or "
             "augmentation, dropout, weight decay, a smaller model; for boosted trees a lower max_depth, a larger "
@@ -121,14 +124,23 @@ class Overfit(Rule):
             # known yet at one of them (the losses of the steps between samples are stored at the next sample), and
             # a validation loss that rose with it (BatchNorm's moving statistics off for a few epochs) is no fault
             return None
+        train_then = _train_where_rise_began(found, best + margin, self.patience)
+        if not train_now <= (1 - self.min_delta) * train_then:
+            # the training loss stood still while the validation loss rose: what rose is the evaluation's own reading,
+            # not a closer fit of the training set (keras.io's timeseries classifier, BatchNorm, epoch 77: the
+            # validation loss went 0.25 -> 1.06 -> 2.1 while the training loss held at 0.134; the model in inference
+            # mode did as badly on its own training samples, 0.66 accurate, and 0.88 on the validation set with batch
+            # statistics: moving statistics out of step with the weights, until the learning rate came down)
+            return None
         if seen.recent[-1][3] > rate_at_best:
             # the schedule raised the learning rate since the best (a one-cycle's climb, a warm restart): the
             # validation loss of a model under BatchNorm at ten times the rate jumps (1.98 -> 4.83) and comes back
             # below its best as the rate comes down; what it shows is the step size, not a fit of the training set
             return None
         return self.fire(step, f"{val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
-                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss did "
-                               "not.", tensor=val_tensor, best=best, best_step=best_step, now=recent[-1])
+                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss fell from "
+                               f"{train_then:.4g} to {train_now:.4g}.", tensor=val_tensor, best=best,
+                         best_step=best_step, now=recent[-1])
 
 
 CHANCE_HINT = ("The validation loss never beats guessing while the training loss falls: the model memorises its "
@@ -176,6 +188,15 @@ def _chance(run) -> tuple[float, int] | None:
         classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
         return math.log(classes), classes
     return None
+
+
+def _train_where_rise_began(found, within: float, patience: int) -> float:
+    """The mean training loss at the newest evaluation before the newest `patience` whose validation value was still
+    `within` (its best plus the margin): where the rise began. The oldest evaluation the run still holds where none
+    is (a rise older than the training process's memory of evaluations); NaN where the training loss is not known."""
+    _, values, means = found
+    near = np.flatnonzero(values[:-patience] <= within)
+    return float(means[near[-1]] if len(near) else means[0])
 
 
 class _Evaluations:
