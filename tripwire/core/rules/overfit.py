@@ -138,8 +138,8 @@ class Overfit(Rule):
             # below its best as the rate comes down; what it shows is the step size, not a fit of the training set
             return None
         return self.fire(step, f"{val_tensor} rose to {recent[-1]:.4g} from its best {best:.4g} at step "
-                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss fell from "
-                               f"{train_then:.4g} to {train_now:.4g}.", tensor=val_tensor, best=best,
+                               f"{best_step}, for {self.patience} evaluations in a row, while the training loss "
+                               f"fell from {train_then:.4g} to {train_now:.4g}.", tensor=val_tensor, best=best,
                          best_step=best_step, now=recent[-1])
 
 
