@@ -7,6 +7,7 @@ eval log, as its early stopping reads it).
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 
@@ -124,7 +125,7 @@ class Overfit(Rule):
             # known yet at one of them (the losses of the steps between samples are stored at the next sample), and
             # a validation loss that rose with it (BatchNorm's moving statistics off for a few epochs) is no fault
             return None
-        train_then = _train_where_rise_began(found, best + margin, self.patience)
+        train_then = seen.train_where_rise_began(best + margin)
         if not train_now <= (1 - self.min_delta) * train_then:
             # the training loss stood still while the validation loss rose: what rose is the evaluation's own reading,
             # not a closer fit of the training set (keras.io's timeseries classifier, BatchNorm, epoch 77: the
@@ -190,19 +191,14 @@ def _chance(run) -> tuple[float, int] | None:
     return None
 
 
-def _train_where_rise_began(found, within: float, patience: int) -> float:
-    """The mean training loss at the newest evaluation before the newest `patience` whose validation value was still
-    `within` (its best plus the margin): where the rise began. The oldest evaluation the run still holds where none
-    is (a rise older than the training process's memory of evaluations); NaN where the training loss is not known."""
-    _, values, means = found
-    near = np.flatnonzero(values[:-patience] <= within)
-    return float(means[near[-1]] if len(near) else means[0])
+KEPT = 256  # evaluations before the newest `patience` that overfit keeps, to find where a rise began
 
 
 class _Evaluations:
     """What overfit keeps of one worker's evaluations: the first value, the lowest, the lowest before the newest
     `patience` and the best among those with settled statistics (with its step, the training loss and the learning
-    rate then), the value just before them, and the newest `patience`."""
+    rate then), the value just before them, the newest KEPT before them with their training losses, and the newest
+    `patience`."""
 
     def __init__(self, patience: int):
         self.patience = patience
@@ -215,6 +211,7 @@ class _Evaluations:
         self.before = math.nan
         self.recent: list = []  # (step, value, training loss, learning rate, settled), oldest first
         self.earlier = 0  # evaluations before the newest `patience`
+        self.past = collections.deque(maxlen=KEPT)  # (value, training loss) of the newest KEPT of those
 
     def add(self, step: int, value: float, train: float, rate: float, settled: bool) -> None:
         """settled: the evaluation normalised with BatchNorm statistics that hold little of their initial values
@@ -228,9 +225,18 @@ class _Evaluations:
         if len(self.recent) > self.patience:
             old_step, old, old_train, old_rate, old_settled = self.recent.pop(0)
             self.before, self.earlier = old, self.earlier + 1
+            self.past.append((old, old_train))
             self.lowest_before = min(self.lowest_before, old)
             if old_settled and old < self.best[0]:
                 self.best = (old, old_step, old_train, old_rate)
+
+    def train_where_rise_began(self, within: float) -> float:
+        """The training loss at the newest evaluation before the newest `patience` whose value was still `within`
+        (the best plus the margin): where the rise began; at the oldest one kept where none is (a rise longer than
+        KEPT evaluations). Kept as each evaluation was made: the training process holds the last few training
+        losses only."""
+        near = [train for value, train in self.past if value <= within]
+        return near[-1] if near else self.past[0][1]
 
     @property
     def full(self) -> bool:
