@@ -538,17 +538,30 @@ class BackboneAndHeads(nn.Module):
     """A backbone and a classifier head, and a second head beside it. `cut`: what reaches the head — the
     backbone's output as it is (None), detached ("detach"), or computed under torch.no_grad() ("no_grad"); with
     "online_probe" the second head learns from detached features while the loss reaches the backbone through the
-    first; with "unused" the second head runs and its output is thrown away."""
+    first; with "unused" the second head runs and its output is thrown away; "held" is Lightning's transfer-learning
+    idiom, a feature extractor held in eval mode and run under no_grad: frozen on purpose."""
 
     def __init__(self, cut=None):
         super().__init__()
         torch.manual_seed(0)
         self.cut = cut
         self.backbone = nn.Sequential(nn.Linear(64, 32), nn.ReLU())
-        self.head, self.second = nn.Linear(32, 10), nn.Linear(32, 10)
+        self.head = nn.Linear(32, 10)
+        if cut in ("online_probe", "unused"):
+            self.second = nn.Linear(32, 10)
+        if cut == "held":  # pretrained (on the digits, with a head of its own), then held as it is
+            x, y = digits()
+            pretraining = nn.Sequential(self.backbone, nn.Linear(32, 10))
+            optimizer = torch.optim.SGD(pretraining.parameters(), lr=0.1)
+            for step in range(200):
+                i = 32 * (step % 40)
+                optimizer.zero_grad()
+                F.cross_entropy(pretraining(x[i:i + 32]), y[i:i + 32]).backward()
+                optimizer.step()
+            self.backbone.eval()
 
     def forward(self, x):
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.cut != "no_grad"):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.cut not in ("no_grad", "held")):
             features = self.backbone(x)
         logits = self.head(features.detach() if self.cut == "detach" else features)
         if self.cut == "online_probe":
@@ -558,11 +571,11 @@ class BackboneAndHeads(nn.Module):
         return logits
 
 
-@pytest.mark.parametrize("cut", ["detach", "no_grad", None, "online_probe", "unused"])
+@pytest.mark.parametrize("cut", ["detach", "no_grad", None, "online_probe", "unused", "held"])
 def test_layers_cut_off_from_the_loss_are_a_warning(tmp_path, cut, caplog):
     """A backbone whose output reaches the head detached never trains: told at step 1 (the first step with a
     step before it), the log naming its parameters. A cut whose upstream still gets a gradient (an online probe
-    on detached features) and a head whose output the loss does not use are healthy."""
+    on detached features), a head whose output the loss does not use and a backbone held in eval mode are healthy."""
     x, y = digits()
     model = BackboneAndHeads(cut)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -593,3 +606,20 @@ def test_lightning_layers_cut_off_from_the_loss_are_a_warning(tmp_path, cut):
         assert found == [("no_gradient_path", 1, "warning")]
     else:
         assert trainer.callback_metrics["val_loss"] < 0.5 and found == []
+
+
+@pytest.mark.parametrize("cut", ["held", "detach"])
+def test_a_feature_extractor_held_in_eval_mode_is_frozen_on_purpose(tmp_path, cut):
+    """Lightning's docs (transfer learning): `self.feature_extractor.eval()`, its features computed under
+    torch.no_grad(), the optimizer over every parameter. Under the default config it was told 'cut from the graph'
+    (training_relations) and its kernels 'did not change' (unchanged_tensor): both warnings, on a healthy program.
+    The same backbone in train mode, detached by mistake, is still told by both."""
+    callback = TripwireCallback(None, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, helpers.classifier(BackboneAndHeads(cut), lr=0.1), max_epochs=10)
+    run = tripwire.open_run(callback.run_url)
+    told = sorted({v.rule for v in run.verdicts() if v.counts})
+    if cut == "held":
+        assert run.model.held_in_eval == ("net.backbone.0",) and trainer.callback_metrics["val_loss"] < 0.5
+        assert told == []
+    else:
+        assert run.model.held_in_eval == () and told == ["training_relations", "unchanged_tensor"]
