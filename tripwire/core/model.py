@@ -81,11 +81,7 @@ class ModelInfo:
     running_keep: the share of its running statistics (mean, variance) a BatchNorm layer keeps at each training
     step, the largest over the model's (Keras' `momentum`, 0.99 by default; 1 - `momentum` in torch, 0.9): an
     evaluation normalises with these statistics, which hold their initial values until enough training steps
-    have replaced them; None where no layer keeps any.
-    held_in_eval: the layers with parameters that the program holds in inference mode while the rest of the model
-    trains (torch: `feature_extractor.eval()` in a LightningModule, the transfer-learning idiom of Lightning's
-    docs); empty where there are none, or where every layer is in one mode (a whole model in eval mode is
-    training_relations' to judge)."""
+    have replaced them; None where no layer keeps any."""
 
     name: str = ""
     parameters: dict = field(default_factory=dict)  # path -> Parameter
@@ -93,7 +89,6 @@ class ModelInfo:
     optimizers: tuple = ()
     inputs_scaled: str = ""
     running_keep: float | None = None
-    held_in_eval: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "_order", {p: i for i, p in enumerate(self.parameters)})
@@ -125,8 +120,7 @@ class ModelInfo:
         return {"name": self.name, "parameters": [{**asdict(p), "shape": list(p.shape)}
                                                   for p in self.parameters.values()],
                 "activations": dict(self.activations), "optimizers": list(self.optimizers),
-                "inputs_scaled": self.inputs_scaled, "running_keep": self.running_keep,
-                "held_in_eval": list(self.held_in_eval)}
+                "inputs_scaled": self.inputs_scaled, "running_keep": self.running_keep}
 
     @classmethod
     def from_dict(cls, data) -> ModelInfo | None:
@@ -156,10 +150,8 @@ class ModelInfo:
         keep = data.get("running_keep")
         keep = float(keep) if isinstance(keep, (int, float)) and not isinstance(keep, bool) and 0 <= keep <= 1 \
             else None
-        held = data.get("held_in_eval", [])
-        held = tuple(layer for layer in held if isinstance(layer, str)) if isinstance(held, list) else ()
         return cls(str(data.get("name", "")), parameters, activations, optimizers,
-                   scaled if isinstance(scaled, str) else "", keep, held)
+                   scaled if isinstance(scaled, str) else "", keep)
 
 
 def role_of(model: ModelInfo | None, tensor: str) -> str:

@@ -35,13 +35,12 @@ class UnchangedTensor(Rule):
     condition = ("(a) a trainable kernel's or embedding table's values are allclose (rtol, atol; by default: equal) "
                 "over its last `num_steps` samples: its full values where saved, else every captured reduction (l2, "
                 "mean, min, max); not judged once the learning rate has decayed below 1/1000 of its largest value so "
-                "far (the end of a schedule), nor one without a gradient in a layer the program holds in eval mode "
-                "while the rest trains (a feature extractor frozen on purpose); an error where the learning rate has "
-                "been 0 at every sample; info (finding `converged`) where the model's every optimizer ends its steps "
-                "without an update once its own tolerance is met (torch's LBFGS) and each such tensor was seen "
-                "changing before; (b) at the first step, from the model's structure: a frozen kernel (requires_grad "
-                "False, trainable False, or held by no optimizer) with trained kernels before it, in a model that "
-                "trains most of its kernel weights (fine-tuning freezes a first part, adapters leave most frozen)")
+                "far (the end of a schedule), an error where the learning rate has been 0 at every sample; info "
+                "(finding `converged`) where the model's every optimizer ends its steps without an update once its "
+                "own tolerance is met (torch's LBFGS) and each such tensor was seen changing before; (b) at the first "
+                "step, from the model's structure: a frozen kernel (requires_grad False, trainable False, or held by "
+                "no optimizer) with trained kernels before it, in a model that trains most of its kernel weights "
+                "(fine-tuning freezes a first part, adapters leave most frozen)")
     hint = ("These layers do not train. Likely causes: their parameters are frozen by mistake (requires_grad / "
             "trainable False left over from a freezing loop) or missing from the optimizer (built before a layer "
             "was added or unfrozen), a learning rate of 0 (a schedule bug), gradients that never reach them "
@@ -95,9 +94,7 @@ class UnchangedTensor(Rule):
         names = [n for n in run.tensor_names(step=step) if collection_of(n) in self.collections
                  and (pattern is None or pattern.search(n))]
         # a kernel left out of the optimizer is captured (it has a gradient) and judged: it is what (a) is for
-        held = _held_frozen(run, step)
-        names = [n for n in of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False)
-                 if n not in held]
+        names = list(of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False))
         rate = self._rate(run, step)
         same = {n: self._same(run.tensor(n), step) for n in names}
         unchanged = [n for n, s in same.items() if s]
@@ -158,18 +155,3 @@ class UnchangedTensor(Rule):
                 return False
             compared = True
         return True if compared else None
-
-
-def _held_frozen(run, step: int) -> set:
-    """The weights tensors of kernels the program freezes by holding their layer in inference mode (a feature
-    extractor put in eval mode and run under torch.no_grad(), Lightning's transfer-learning idiom): no gradient at
-    a step whose gradients were captured. One that gets a gradient and does not change is still judged."""
-    model = run.model
-    if model is None or not model.held_in_eval:
-        return set()
-    names = run.tensor_names(step=step)
-    if not any(collection_of(n) == "gradients" for n in names):
-        return set()
-    held = set(model.held_in_eval)
-    return {f"weights/{p.path}" for p in model.parameters.values()
-            if p.layer in held and f"gradients/{p.path}" not in names}

@@ -67,6 +67,7 @@ class TorchCapture:
         self._taking: dict = {}  # while producers are seen: id(activation module) -> the layer its call takes
         self._held: dict = {}  # id(optimizer) or None -> (requires_grad flags, [(path, parameter, its Parameter)])
         self._every_parameter = None  # the module's parameters, for a step no optimizer is known of
+        self._layers: dict | None = None  # layer path -> module, to read the mode a layer is held in
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
@@ -141,7 +142,7 @@ class TorchCapture:
             return
         updates = self.active.get("updates")
         for path, param, info in self._parameters_of(optimizer):
-            if path in self._taken:
+            if path in self._taken or not gradients_later and self._held_in_eval(param, info):
                 continue
             self._taken.add(path)
             self.take(parameter_collection(info.role, path), path, param, info.layer_class)
@@ -186,7 +187,7 @@ class TorchCapture:
         if self.mode == "train" and any(c in self.active for c in PARAM_COLLECTIONS):
             idle = self._held_idle(optimizers, ran)
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
-                if path not in self._taken and path not in idle:
+                if path not in self._taken and path not in idle and not self._held_in_eval(param, info):
                     self.take(parameter_collection(info.role, path), path, param, info.layer_class)
                     if param.grad is not None:  # a gradient no optimizer applied at this step (or ever)
                         self.take("gradients", path, param.grad, info.layer_class)
@@ -332,6 +333,18 @@ class TorchCapture:
         held = {id(_real(o)): {path for path, _, _ in self._parameters_of(o)} for o in optimizers}
         stepping = set().union(*(paths for key, paths in held.items() if key in ran))
         return set().union(*(paths for key, paths in held.items() if key not in ran)) - stepping
+
+    def _held_in_eval(self, param, info) -> bool:
+        """Whether a parameter without a gradient belongs to a layer the program holds in eval mode: frozen on
+        purpose (Lightning's transfer-learning idiom: `feature_extractor.eval()`, its features computed under
+        torch.no_grad(), the optimizer over every parameter), not captured as one that trains, so that no rule
+        reads its standing still as a fault."""
+        if param.grad is not None:
+            return False
+        if self._layers is None:
+            self._layers = dict(named_modules(self.module, remove_duplicate=False))
+        layer = self._layers.get(info.layer)
+        return layer is not None and not layer.training
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all

@@ -102,9 +102,9 @@ class GradientPath:
     step (GradientsCleared's hooks): a cut
     whose upstream still gets a gradient by another path (an online probe on detached features, truncated
     backpropagation through time) is by design, and a module whose output the loss does not use (an unused head)
-    has no cut above it. Nor are the parameters of a module that ran in eval mode while others ran in train mode:
-    the program holds it in inference (Lightning's transfer-learning idiom: `feature_extractor.eval()`, its
-    features computed under torch.no_grad()), frozen on purpose."""
+    has no cut above it. Nor are the parameters of a module that ran in eval mode: the program holds it in
+    inference (Lightning's transfer-learning idiom: `feature_extractor.eval()`, its features computed under
+    torch.no_grad()), frozen on purpose; a whole model in eval mode is the eval_mode relation's."""
 
     def __init__(self, module: torch.nn.Module):
         self._ended: dict = {}  # id(parameter) -> (order of its module's first forward end, parameter path)
@@ -145,11 +145,9 @@ class GradientPath:
     def cut_off(self, stepped: dict, received: set) -> tuple[list, str] | None:
         """(paths of the parameters cut off, the module below the cut), or None where none is: `stepped`, id ->
         parameter of those held by an optimizer that stepped; `received`, the ids that got a gradient."""
-        held = len(set(self._modes.values())) > 1  # some modules ran in eval mode, others in train mode
         for below, done in self._cuts:
             upstream = [path for key, (ended, path) in self._ended.items()
-                        if ended <= done and key in stepped and key not in received
-                        and not (held and not self._modes[key])]
+                        if ended <= done and key in stepped and key not in received and self._modes[key]]
             if upstream:
                 return upstream, below
         return None

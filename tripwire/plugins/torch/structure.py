@@ -193,17 +193,7 @@ def describe(model: nn.Module, optimizers=None) -> ModelInfo:
     scaled = type(sequence[0][1]).__name__ if sequence and isinstance(sequence[0][1], _NORMS) else ""
     return ModelInfo(type(unwrapped(model)).__name__, _in_parameter_order(model, parameters),
                      _activation_inputs(sequence),
-                     classes, scaled, _running_keep(model), _held_in_eval(model))
-
-
-def _held_in_eval(model: nn.Module) -> tuple:
-    """The layers with parameters of their own in eval mode where others are in train mode: parts the program
-    holds in inference while the rest trains (a frozen feature extractor); empty where all share one mode."""
-    modes = [(layer, module.training) for layer, module in named_modules(model)
-             if next(module.parameters(recurse=False), None) is not None]
-    if len({training for _, training in modes}) < 2:
-        return ()
-    return tuple(layer for layer, training in modes if not training)
+                     classes, scaled, _running_keep(model))
 
 
 def _running_keep(model: nn.Module) -> float | None:
