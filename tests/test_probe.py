@@ -380,3 +380,55 @@ def test_a_shared_activation_is_given_no_layer_where_no_step_was_seen():
     assert run.input_layer("relu") == "out"  # registration order: the only guess there is, for one call
     run.add(0, "train", 0, {"activations/relu#2": {"dead_fraction": 0.0}})
     assert run.input_layer("relu") is None and run.input_layer("relu#2") is None
+
+
+class Experts(torch.nn.Module):
+    """A Mixture of Experts with top-1 routing, each expert called on the tokens routed to it, an empty batch where
+    none is (as the Switch Transformer's common implementations do). The last expert's router bias keeps every
+    token away from it: it never trains."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.router = torch.nn.Linear(64, 32), torch.nn.Linear(32, 4)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+        self.head = torch.nn.Linear(32, 10)
+        with torch.no_grad():
+            self.router.bias[-1] = -30.0
+
+    def forward(self, x):
+        h = torch.relu(self.embed(x))
+        gate, route = torch.softmax(self.router(h), dim=-1).max(dim=-1)
+        mixed = torch.zeros_like(h)
+        for i, expert in enumerate(self.experts):
+            chosen = (route == i).nonzero(as_tuple=True)[0]
+            mixed[chosen] = expert(h[chosen])
+        return self.head(h + gate[:, None] * torch.relu(mixed))
+
+
+def test_an_expert_fed_no_token_at_a_step_has_no_gradient_or_update_to_judge(tmp_path):
+    """A Switch-style Mixture of Experts (8 experts, batch 16) was told, under the default config, 'gradients 100%
+    zeros' (all_zero) for the experts no token was routed to at the sampled step, and 'update = 0, too small'
+    (weight_update_ratio) at step 1: conditional computation, by design, on a model that learns (0.97). A layer
+    run on empty batches alone at a step has no gradient or update to judge there; its weights are still captured,
+    so an expert that never trains is still told (unchanged_tensor)."""
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y, dtype=torch.long)
+    model = Experts()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    config = {"sampling": {"every": 20}, "rules": ["all_zero", "weight_update_ratio", "unchanged_tensor"]}
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(200):
+            i = 32 * (step % 40)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    assert float((model(x).argmax(1) == y).float().mean()) > 0.9
+    told = {v.rule: v for v in run.verdicts() if v.counts}
+    assert sorted(told) == ["unchanged_tensor"] and told["unchanged_tensor"].evidence["unchanged"] == \
+        ["weights/experts.3.weight"]
+    assert "gradients/experts.3.weight" not in run.tensor_names() and "gradients/experts.0.weight" in \
+        run.tensor_names()

@@ -28,7 +28,7 @@ from tripwire.core.reductions import combine_shards, shard_reductions
 from tripwire.core.sampling import CapturePlan
 
 from .reduce import Reductions, Unsupported, host_array
-from .relations import GradientPath, GradientsCleared, StepEffect
+from .relations import GradientPath, GradientsCleared, StepEffect, batch_tensors
 from .structure import PASS_THROUGH, has_parameters, is_activation, named_modules, named_parameters
 
 log = logging.getLogger("tripwire")
@@ -68,6 +68,9 @@ class TorchCapture:
         self._held: dict = {}  # id(optimizer) or None -> (requires_grad flags, [(path, parameter, its Parameter)])
         self._every_parameter = None  # the module's parameters, for a step no optimizer is known of
         self._layers: dict | None = None  # layer path -> module, to read the mode a layer is held in
+        # id(layer with parameters) -> whether it was fed data at this sampled training step (an expert no token was
+        # routed to runs on an empty batch), where gradients or updates are captured
+        self._fed: dict = {}
         self._unread: set = set()  # names of tensors that could not be read (said once each)
         self.watching_steps = False  # the plugin tells each optimizer step that ran (`stepped`)
         self._stepped = False  # an optimizer step ran during the step being captured
@@ -103,6 +106,10 @@ class TorchCapture:
             if self._first_train:
                 self._see_producers()
         self._first_train = self._first_train and mode != "train"
+        self._fed = {}
+        if mode == "train" and ("gradients" in self.active or "updates" in self.active):
+            self._hooks += [layer.register_forward_pre_hook(self._note_fed) for layer in self._layers_of().values()
+                            if next(layer.parameters(recurse=False), None) is not None]
         if "predictions" in self.active and mode == "train":  # the model's own output, where forward() is used
             self._hooks.append(self.module.register_forward_hook(self._output_hook("predictions", "")))
         return True
@@ -146,6 +153,8 @@ class TorchCapture:
                 continue
             self._taken.add(path)
             self.take(parameter_collection(info.role, path), path, param, info.layer_class)
+            if self._unfed(info):
+                continue  # its gradient is 0 by construction, its update momentum's alone: nothing to judge
             if gradients_later:
                 self._late.append((path, param, info))
             elif param.grad is not None:
@@ -189,7 +198,7 @@ class TorchCapture:
             for path, param, info in self._parameters_of(None):  # parameters no optimizer stepped: as they are
                 if path not in self._taken and path not in idle and not self._held_in_eval(param, info):
                     self.take(parameter_collection(info.role, path), path, param, info.layer_class)
-                    if param.grad is not None:  # a gradient no optimizer applied at this step (or ever)
+                    if param.grad is not None and not self._unfed(info):  # one no optimizer applied (or ever)
                         self.take("gradients", path, param.grad, info.layer_class)
         for path, (param, before) in self._before.items():  # into the copy: an update costs no memory of its own
             self.take("updates", path, torch.sub(param.detach(), before, out=before))
@@ -341,10 +350,25 @@ class TorchCapture:
         reads its standing still as a fault."""
         if param.grad is not None:
             return False
+        layer = self._layers_of().get(info.layer)
+        return layer is not None and not layer.training
+
+    def _note_fed(self, layer, args) -> None:
+        """A layer's forward begins: fed unless every tensor it is handed is empty."""
+        tensors = batch_tensors(args)
+        self._fed[id(layer)] = self._fed.get(id(layer), False) or not tensors or any(t.numel() for t in tensors)
+
+    def _unfed(self, info) -> bool:
+        """Whether the parameter's layer ran at this step on empty batches only: a Mixture of Experts' expert no
+        token was routed to (conditional computation, by design), whose zero gradient and still weights at this
+        step say nothing of its training."""
+        return self._fed.get(id(self._layers_of().get(info.layer)), True) is False
+
+    def _layers_of(self) -> dict:
+        """Layer path -> module, as the model's structure names layers; found once."""
         if self._layers is None:
             self._layers = dict(named_modules(self.module, remove_duplicate=False))
-        layer = self._layers.get(info.layer)
-        return layer is not None and not layer.training
+        return self._layers
 
     def _parameters_of(self, optimizer) -> list:
         """(path, parameter, its Parameter) for each trainable parameter of the model this optimizer holds (all

@@ -126,7 +126,7 @@ class GradientPath:
             for path, p in own:
                 self._ended.setdefault(id(p), (self._done, path))
                 self._modes.setdefault(id(p), module.training)
-            self._made.update(_storage(t) for t in _batch_tensors(output) if t.is_floating_point())
+            self._made.update(_storage(t) for t in batch_tensors(output) if t.is_floating_point())
             self._made.discard(None)
             return None
 
@@ -136,7 +136,7 @@ class GradientPath:
         def received(module, args, kwargs):
             if self._done and torch.is_grad_enabled() and any(
                     t.is_floating_point() and not t.requires_grad and _storage(t) in self._made
-                    for t in _batch_tensors((args, kwargs))):
+                    for t in batch_tensors((args, kwargs))):
                 self._cuts.append((path, self._done))
             return None
 
@@ -341,7 +341,7 @@ class BatchWatch:
     def _see(self, step: int, batch, sampled: bool, next_seen: bool) -> bool:
         if self.told:
             return False
-        tensors = [t.detach() for t in _batch_tensors(batch)]
+        tensors = [t.detach() for t in batch_tensors(batch)]
         comparable = bool(tensors) and all(t.layout == torch.strided and not t.is_meta for t in tensors)
         judged = comparable and (sampled or all(t.device.type == "cpu" for t in tensors))
         last, self._last = self._last, ((step, tensors) if comparable and next_seen else None)
@@ -353,14 +353,14 @@ class BatchWatch:
         return self.told
 
 
-def _batch_tensors(value) -> list:
+def batch_tensors(value) -> list:
     """Every tensor in a batch: a tensor, or tuples, lists and dicts of them, nested."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _batch_tensors(v)]
+        return [t for v in value for t in batch_tensors(v)]
     return []
 
 
