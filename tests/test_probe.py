@@ -432,3 +432,60 @@ def test_an_expert_fed_no_token_at_a_step_has_no_gradient_or_update_to_judge(tmp
         ["weights/experts.3.weight"]
     assert "gradients/experts.3.weight" not in run.tensor_names() and "gradients/experts.0.weight" in \
         run.tensor_names()
+
+
+class SAM(torch.optim.Optimizer):
+    """Sharpness-Aware Minimization as its common implementation (davda54/sam) writes it: first_step climbs to the
+    sharpest nearby point, second_step comes back and steps the base optimizer, which shares its param_groups; its
+    own step() is never called."""
+
+    def __init__(self, params, base_optimizer, rho=0.05, **kwargs):
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def first_step(self):
+        norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]
+                                       if p.grad is not None]))
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["old_p"] = p.data.clone()
+                    p.add_(p.grad * group["rho"] / (norm + 1e-12))
+        self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if "old_p" in self.state[p]:
+                    p.data = self.state[p]["old_p"]
+        self.base_optimizer.step()
+        self.zero_grad()
+
+
+def test_an_optimizer_that_hands_its_steps_to_another_is_watched_through_it(tmp_path):
+    """SAM's loop calls first_step and second_step, never step(): the probe, watching SAM's own steps, saw none, said
+    'no optimizer stepped (gradient accumulation, or a GradScaler…)' at every sample and judged no weight, gradient
+    or update (ten rules without data). It watches the base optimizer SAM steps, which shares its param_groups."""
+    (x, y), _ = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y, dtype=torch.long)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    with TripwireProbe(model, optimizer, None, out_dir=tmp_path / "run") as probe:  # the default config
+        for step in range(300):
+            i = 32 * (step % 40)
+            loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            optimizer.first_step()
+            torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            optimizer.second_step()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    assert float((model(x).argmax(1) == y).float().mean()) > 0.9
+    assert {"gradients/0.weight", "updates/0.weight", "relations/step_changed_nothing"} <= set(run.tensor_names())
+    assert [v.rule for v in run.verdicts() if v.counts] == []
+    assert not [v for v in run.verdicts() if v.status == "no_data" and v.rule in ("vanishing_gradient",
+                                                                                    "weight_update_ratio")]

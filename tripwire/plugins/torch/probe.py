@@ -73,7 +73,8 @@ class TripwireProbe:
     """Capture, rules and actions for a plain PyTorch loop. Call `step(loss)` after `optimizer.step()`.
 
     model: the torch.nn.Module being trained (its `named_parameters()` paths name the tensors).
-    optimizer: a torch.optim.Optimizer, or a list of them.
+    optimizer: a torch.optim.Optimizer, or a list of them. One that hands its steps to an optimizer it holds (SAM's
+        first_step/second_step step its base_optimizer; a Lookahead steps the one it wraps) is watched through it.
     config: a path to a YAML rule file, a dict, a tripwire.Config, or None for the packaged default.
     out_dir: the run's URL (any fsspec URL); overrides `output` in the config. Where a run is there already, this
         training gets a run of its own beside it (out_dir-1, -2, …; `run_url` and the log say which).
@@ -84,7 +85,7 @@ class TripwireProbe:
     def __init__(self, model: torch.nn.Module, optimizer, config=None, out_dir=None,
                  storage_options: dict | None = None, *, append: bool = False):
         self.model = model
-        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self.optimizers = [_stepping(o) for o in (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
         self.config = load_config(config)
         _warn_ranks_apart(self.config.workers)
         prepare_storage(self.config, out_dir, storage_options)
@@ -441,6 +442,17 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
+
+
+def _stepping(optimizer):
+    """The optimizer whose steps update the parameters: where one holds another that shares its param_groups, it
+    hands its steps to it (SAM's second_step calls its base_optimizer's step, and its own step() is never called),
+    and the probe watches that one's steps."""
+    for inner in vars(optimizer).values() if hasattr(optimizer, "__dict__") else ():
+        if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer and \
+                inner.param_groups is getattr(optimizer, "param_groups", None):
+            return _stepping(inner)
+    return optimizer
 
 
 def _several_processes() -> bool:
