@@ -412,20 +412,14 @@ def test_an_expert_fed_no_token_at_a_step_has_no_gradient_or_update_to_judge(tmp
     (weight_update_ratio) at step 1: conditional computation, by design, on a model that learns (0.97). A layer
     run on empty batches alone at a step has no gradient or update to judge there; its weights are still captured,
     so an expert that never trains is still told (unchanged_tensor)."""
-    (x, y), _ = helpers.digits()
-    x, y = torch.tensor(x), torch.tensor(y, dtype=torch.long)
+    _, _, batches = model_and_data()
     model = Experts()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     config = {"sampling": {"every": 20}, "rules": ["all_zero", "weight_update_ratio", "unchanged_tensor"]}
     with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
-        for step in range(200):
-            i = 32 * (step % 40)
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
-            loss.backward()
-            optimizer.step()
-            probe.step(loss)
+        train(probe, model, optimizer, batches, 200)
     run = tripwire.open_run(probe.run_url)
+    x, y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
     assert float((model(x).argmax(1) == y).float().mean()) > 0.9
     told = {v.rule: v for v in run.verdicts() if v.counts}
     assert sorted(told) == ["unchanged_tensor"] and told["unchanged_tensor"].evidence["unchanged"] == \
