@@ -1,5 +1,6 @@
 """What only a GPU can run: Lightning's FSDPStrategy (FSDP1 refuses a CPU), fp16 mixed precision with its
-GradScaler, and a NaN loss read as an accelerator's losses are (a step late, so that no step waits for the device).
+GradScaler, a NaN loss and a step that stopped updating, read as an accelerator's values are (a step late, so that no
+step waits for the device).
 Skipped where torch sees no CUDA GPU (CI has none); a session lent one runs them (docs/benchmarks.md)."""
 
 import lightning.pytorch as pl
@@ -8,6 +9,7 @@ import torch
 
 import helpers
 import test_origin
+import test_relations
 import tripwire
 from tripwire.plugins.lightning import TripwireCallback
 
@@ -62,6 +64,22 @@ def test_a_nan_loss_on_a_gpu_is_told_at_its_step_by_the_probe(tmp_path, steps):
     probe, losses = test_origin.probe_fit(tmp_path / "run", scale_input_at=13, steps=steps, device="cuda")
     assert [v.step for v in nan_verdicts(probe.run_url)] == [13]
     assert len(losses) <= 15
+
+
+@pytest.mark.parametrize("working", [None, 15])
+def test_a_step_that_stops_updating_on_a_gpu_is_told_within_a_step(tmp_path, working):
+    """The every-step check that an optimizer step changed its witness, read late on the GPU (no step waits for
+    it): silent on a healthy run, and the first no-op step's second in a row (16, unsampled) told as step 16's."""
+    module = helpers.mlp_module()
+    module.configure_optimizers = lambda: test_relations.ComputesButStopsUpdating(module.parameters(),
+                                                                                   working or 10 ** 9)
+    callback = TripwireCallback(test_relations.CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, module, max_epochs=2, accelerator="gpu", devices=1)
+    run = tripwire.open_run(callback.run_url)
+    if working is None:
+        assert trainer.callback_metrics["val_loss"] < 0.8 and test_relations.findings(run) == []
+    else:
+        assert test_relations.findings(run) == [("step_changed_nothing", 16, "error")]
 
 
 def test_a_nan_loss_at_the_last_step_on_a_gpu_is_told_in_lightning(tmp_path):

@@ -21,6 +21,8 @@ class LateRead:
         """Each value is a tensor of at most `width` elements of `dtype`."""
         self._width, self._dtype = width, dtype
         self._host = None  # pinned [SLOTS, width], made at the first put from an accelerator
+        self._rows: list = []  # its rows, as views made once (indexing a tensor costs as much as a launch)
+        self._in_flight = 0  # pending values put from an accelerator
         self._events: dict = {}  # (slot, device) -> its event, made once and recorded again at each put there
         self._pending: deque = deque()  # (slot, event or None, payload, value where ready at once)
         self._puts = 0
@@ -32,20 +34,23 @@ class LateRead:
         if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
             self._pending.append((None, None, payload, value.tolist() if isinstance(value, torch.Tensor) else value))
             return True
-        if sum(slot is not None for slot, *_ in self._pending) >= self.SLOTS:
+        if self._in_flight >= self.SLOTS:
             return False
         try:
             if self._host is None:
                 self._host = torch.zeros((self.SLOTS, self._width), dtype=self._dtype, pin_memory=True)
+                self._rows = list(self._host.unbind(0))
             slot, flat, backend = self._puts % self.SLOTS, value.detach().reshape(-1), getattr(torch, value.device.type)
-            with backend.device(value.device):  # the copy and its event on that device's stream, whichever is current
-                self._host[slot, :flat.numel()].copy_(flat, non_blocking=True)
-                event = self._events.get((slot, value.device)) or backend.Event()
-                event.record()
+            row = self._rows[slot]
+            # the copy runs on the current stream of value's device
+            (row if flat.numel() == self._width else row[:flat.numel()]).copy_(flat, non_blocking=True)
+            event = self._events.get((slot, value.device)) or backend.Event()
+            event.record(backend.current_stream(value.device))  # no device switch: each costs as much as a launch
             self._events[(slot, value.device)] = event
         except (AttributeError, RuntimeError):  # a device without events or pinned memory: not read
             return False
         self._puts += 1
+        self._in_flight += 1
         self._pending.append((slot, event, payload, flat.numel()))
         return True
 
@@ -58,6 +63,7 @@ class LateRead:
             slot, event, payload, value = self._pending.popleft()
             if slot is not None:
                 event.synchronize()
-                value = self._host[slot, :value].tolist()
+                self._in_flight -= 1
+                value = self._rows[slot][:value].tolist()
             done.append((payload, value[0] if isinstance(value, list) and len(value) == 1 else value))
         return done

@@ -1,8 +1,9 @@
 """The training loss of every step, judged for NaN/Inf without holding training up, and kept where asked.
 
 Shared by the Lightning callback and the plain-loop probe. On the CPU the loss is read at once (a scalar read,
-about a microsecond). On an accelerator, reading it would wait for the device: its finiteness is read late
-(LateRead: at a later step, once the device got there), so no step ever waits.
+about a microsecond). On an accelerator, reading it would wait for the device: it is read late (LateRead: at a
+later step, once the device got there), so no step ever waits; a loss of one value is copied as it is and judged
+on the host, since an isfinite kernel costs as much again as the copy.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ KEPT_LOSSES = 1000  # the losses of unsampled steps kept on the device before th
 class LossWatch:
     def __init__(self, keep: bool = False):
         """keep: also keep each step's loss (a reference, no copy), read all at once by `drain()`."""
-        self._finite = LateRead()  # an accelerator's losses: whether each is finite, with its step
+        self._finite = LateRead(dtype=torch.float32)  # an accelerator's losses (or their finiteness), with steps
         self.keep = keep
         self.kept: list = []  # (step, loss) seen since the last drain()
 
@@ -70,13 +71,15 @@ class LossWatch:
         if loss.device.type == "cpu":
             return _on_host(step, loss)
         if loss.device.type != "meta":
-            self._finite.put(torch.isfinite(loss).all(), step)
+            whole = loss.numel() == 1 and loss.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            self._finite.put(loss.float() if whole else torch.isfinite(loss).all(), (step, whole))
         return None
 
     def _judge_pending(self, wait: bool = False) -> tuple[int, float] | None:
         """The first of the accelerator's losses read since the last step that is not finite (wait: of all those
         still being read)."""
-        return next(((step, float("nan")) for step, finite in self._finite.ready(wait) if not finite), None)
+        return next(((step, value if whole else float("nan")) for (step, whole), value in self._finite.ready(wait)
+                     if not (math.isfinite(value) if whole else value)), None)
 
     def close(self, recorder) -> None:
         """At the end of training: the first non-finite loss among those still being read (an accelerator's last

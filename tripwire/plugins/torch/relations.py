@@ -225,7 +225,7 @@ class UpdateWatch:
         self._copies: dict = {}  # id(optimizer) -> (parameter, copy before the update, gradient, learning rate)
         self._judged: dict = {}  # id(optimizer) -> steps of it judged so far (dropped reads included)
         self._broken: dict = {}  # id(optimizer) -> (the last judged step's number among them, steps in a row broken)
-        self._answers = LateRead(width=3, dtype=torch.float32)  # accelerators: (changed, max |grad|, max |before|)
+        self._answers = LateRead(width=3, dtype=torch.float32)  # (changed or max |change|, max |grad|, max |before|)
         self.told = False
 
     def before(self, optimizer) -> None:
@@ -274,8 +274,9 @@ class UpdateWatch:
             if param.device.type == "cpu":  # read at once, the cheap comparison first
                 changed = bool((param.detach() != before).any())
                 answer = [1.0, 0.0, 0.0] if changed else [0.0, float(_largest(grad)), float(_largest(before))]
-            else:  # the same three numbers, read late
-                answer = torch.stack([(param.detach() != before).any().float(), _largest(grad), _largest(before)])
+            else:  # the largest change in place of the flag, the three in three kernels (launches cost), read late
+                rows = torch.stack([param.detach() - before, grad.detach().to(before.dtype), before]).reshape(3, -1)
+                answer = torch.linalg.vector_norm(rows, float("inf"), dim=1, dtype=torch.float32)
             self._answers.put(answer, (key, judged, step, rate, before.dtype))
         return self._judge()
 
@@ -284,7 +285,7 @@ class UpdateWatch:
         gradient was not zero and an update of `lr x largest |gradient|` is far above the rounding of the
         witness's largest value in its dtype (16 units in the last place)."""
         for (key, judged, step, rate, dtype), (changed, largest_gradient, largest_value) in self._answers.ready():
-            broken = not changed and largest_gradient > 0 and \
+            broken = changed == 0 and largest_gradient > 0 and \
                 rate * largest_gradient > 16 * torch.finfo(dtype).eps * largest_value
             last, in_a_row = self._broken.get(key, (0, 0))
             in_a_row = (in_a_row + 1 if judged == last + 1 else 1) if broken else 0
