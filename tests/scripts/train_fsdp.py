@@ -54,6 +54,7 @@ def train(rank: int, out: str, result: str, workers: str, port: str) -> None:
         "run_url": probe.run_url if probe is not None else None, "accuracy": accuracy,
         "grad_l2": float(grad.norm()), "grad_mean": float(grad.mean()), "grad_std": float(grad.std(correction=0)),
         "grad_max": float(grad.max())}))
+    dist.barrier()  # no rank tears gloo down while the other's last collective is still in its threads (SIGABRT)
     dist.destroy_process_group()
 
 

@@ -64,4 +64,5 @@ if probe is not None:
     with open(f"{a.result}-{rank}.json", "w") as f:
         json.dump({"rank": rank, "last_step": step, "run_url": probe.run_url,
                    "verdicts": [v.to_dict() for v in probe.verdicts]}, f)
+dist.barrier()  # no rank tears gloo down while the other's last collective is still in its threads (SIGABRT)
 dist.destroy_process_group()
