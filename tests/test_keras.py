@@ -165,6 +165,18 @@ def test_steps_per_execution_samples_the_calls_that_hold_a_scheduled_step(tmp_pa
     assert run.tensor(f"gradients/{model.layers[0].kernel.path}").steps() == [3, 11, 23, 31, 42]
 
 
+def test_first_evaluation_says_why_a_call_of_several_steps_leaves_it_without_data(tmp_path):
+    """The first loss recorded is the first call's (steps 0-3, at step 3): no untrained model's loss to hold the
+    first evaluation to. The reason given names steps_per_execution, not only a resumed run."""
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=4)
+    cb = TripwireCallback({"collections": {"losses": {}}, "rules": ["first_evaluation"]}, out_dir=tmp_path / "run")
+    fit(cb, model, epochs=1)
+    (verdict,) = [v for v in tripwire.open_run(cb.run_url).verdicts() if v.rule == "first_evaluation"]
+    assert verdict.status == "no_data" and "step 3's" in verdict.message and "steps_per_execution" in verdict.message
+
+
 def test_a_model_compiled_with_xla_is_captured(tmp_path):
     # XLA cannot compile the dataset's get_next: the capture function must keep it outside the compiled step
     model = mlp()

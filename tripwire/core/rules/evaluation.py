@@ -79,9 +79,10 @@ class FirstEvaluation(Rule):
             return None
         if int(train_steps[0]) > 0:  # a model trained before (a checkpoint, xgb_model=): no untrained start
             self._judged.add(worker)
-            raise NotApplicable(f"the run's training began at step {int(train_steps[0])}, not 0: the model trained "
-                                "before it (resumed from a checkpoint, a booster trained further), so its loss at the "
-                                "start is no untrained model's to measure the first evaluation against")
+            raise NotApplicable(f"the run's first training loss is step {int(train_steps[0])}'s, not step 0's: the "
+                                "model trained before it (resumed from a checkpoint, a booster trained further), or "
+                                "one call ran several steps (Keras' steps_per_execution), so no loss of the untrained "
+                                "model is there to measure the first evaluation against")
         first_eval, eval_step = float(val[0]), int(val_steps[0])
         # after training steps, BatchNorm's running statistics may still lag weights that moved fast (SGD 0.1 with
         # momentum: 70 at the first evaluation, 1.5 at the next): a later evaluation back below the start undoes it
