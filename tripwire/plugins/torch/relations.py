@@ -272,7 +272,7 @@ class UpdateWatch:
             key = id(optimizer)
             judged = self._judged[key] = self._judged.get(key, 0) + 1
             if param.device.type == "cpu":  # read at once, the cheap comparison first
-                changed = bool((param.detach() != before).any())
+                changed = not torch.equal(param.detach(), before)  # one call, no tensor made (NaN counts as changed)
                 answer = [1.0, 0.0, 0.0] if changed else [0.0, float(_largest(grad)), float(_largest(before))]
             else:  # the largest change in place of the flag, the three in three kernels (launches cost), read late
                 rows = torch.stack([param.detach() - before, grad.detach().to(before.dtype), before]).reshape(3, -1)
