@@ -169,8 +169,8 @@ def test_first_evaluation_says_why_a_call_of_several_steps_leaves_it_without_dat
     """The first loss recorded is the first call's (steps 0-3, at step 3): no untrained model's loss to hold the
     first evaluation to. The reason given names steps_per_execution, not only a resumed run."""
     model = mlp()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  steps_per_execution=4)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=4)
     cb = TripwireCallback({"collections": {"losses": {}}, "rules": ["first_evaluation"]}, out_dir=tmp_path / "run")
     fit(cb, model, epochs=1)
     (verdict,) = [v for v in tripwire.open_run(cb.run_url).verdicts() if v.rule == "first_evaluation"]
