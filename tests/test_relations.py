@@ -494,6 +494,24 @@ def test_an_update_check_names_the_step_it_broke_at():
     assert told == [None, None, None, 3, None]
 
 
+def test_an_empty_parameter_is_no_witness(caplog):
+    """An empty parameter is the smallest of all: the witness it made had no largest value to read, and the check
+    turned itself off with a warning on a healthy model. A step that changes nothing is still told."""
+    x, y = digits()
+    model = net()
+    model.register_parameter("nothing", torch.nn.Parameter(torch.zeros(0)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    watch, told = UpdateWatch(), []
+    for step in range(4):
+        optimizer.zero_grad()
+        (F.cross_entropy(model(x[:32]), y[:32]) + model.nothing.sum()).backward()
+        watch.before(optimizer)
+        if step < 2:
+            optimizer.step()
+        told.append(watch.after(optimizer, step))
+    assert told == [None, None, None, 3] and "it is off" not in caplog.text
+
+
 def test_a_batch_is_held_only_where_the_next_step_is_seen():
     """Three equal batches are a repeat told at the third; where the plugin says it will not see the next step
     (it sleeps until the next sample), the batch is let go at once and the next one is not compared with it."""

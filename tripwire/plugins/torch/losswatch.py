@@ -60,14 +60,15 @@ class LossWatch:
 
     def _see(self, step: int, loss) -> tuple[int, float] | None:
         found = self._judge_pending()
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
         if self.keep and loss is not None:
-            self.kept.append((step, loss.detach() if isinstance(loss, torch.Tensor) else loss))
+            self.kept.append((step, loss))
         if found is not None or loss is None:
             return found
         if not isinstance(loss, torch.Tensor):
             value = float(np.mean(np.asarray(loss, dtype=np.float64)))
             return None if math.isfinite(value) else (step, value)
-        loss = loss.detach()
         if loss.device.type == "cpu":
             return _on_host(step, loss)
         if loss.device.type != "meta":

@@ -223,6 +223,7 @@ class UpdateWatch:
     def __init__(self):
         self._candidates: dict = {}  # id(optimizer) -> (parameter count, [(parameter, its group)] smallest first)
         self._copies: dict = {}  # id(optimizer) -> (parameter, copy before the update, gradient, learning rate)
+        self._kept: dict = {}  # id(optimizer) -> the tensor its witness was last copied into, written over next time
         self._judged: dict = {}  # id(optimizer) -> steps of it judged so far (dropped reads included)
         self._broken: dict = {}  # id(optimizer) -> (the last judged step's number among them, steps in a row broken)
         self._answers = LateRead(width=3, dtype=torch.float32)  # (changed or max |change|, max |grad|, max |before|)
@@ -257,13 +258,26 @@ class UpdateWatch:
             return
         for param, group in self._candidates_of(optimizer):
             param, grad = local_shard(param), local_shard(param.grad)
-            if grad is None or grad.layout != torch.strided or param.is_meta or not param.is_floating_point():
+            if grad is None or grad.layout != torch.strided or param.is_meta or not param.is_floating_point() \
+                    or not param.numel():  # an empty parameter (or a rank's empty shard) has nothing to change
                 continue
             rate = group.get("lr")
             if not _positive(rate):
                 continue
-            self._copies[id(optimizer)] = (param, param.detach().clone(), grad, float(rate))
+            self._copies[id(optimizer)] = (param, self._copy(id(optimizer), param.detach()), grad, float(rate))
             return
+
+    def _copy(self, key: int, value: torch.Tensor) -> torch.Tensor:
+        """A copy of `value`; on the CPU into the tensor the last copy went to where it fits (about half the cost
+        of a clone, which allocates), compared before the next is made. An accelerator's copy is read late, by
+        kernels that may still be queued: a new one each step."""
+        kept = self._kept.get(key)
+        if value.device.type != "cpu":
+            return value.clone()
+        if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+            kept = self._kept[key] = value.clone()
+            return kept
+        return kept.copy_(value)
 
     def _after(self, optimizer, step: int) -> int | None:
         copied = self._copies.pop(id(optimizer), None)
@@ -271,20 +285,21 @@ class UpdateWatch:
             param, before, grad, rate = copied
             key = id(optimizer)
             judged = self._judged[key] = self._judged.get(key, 0) + 1
-            if param.device.type == "cpu":  # read at once, the cheap comparison first
+            payload = (key, judged, step, rate, before.dtype)
+            if param.device.type == "cpu":  # judged at once, the cheap comparison first
                 changed = not torch.equal(param.detach(), before)  # one call, no tensor made (NaN counts as changed)
-                answer = [1.0, 0.0, 0.0] if changed else [0.0, float(_largest(grad)), float(_largest(before))]
-            else:  # the largest change in place of the flag, the three in three kernels (launches cost), read late
-                rows = torch.stack([param.detach() - before, grad.detach().to(before.dtype), before]).reshape(3, -1)
-                answer = torch.linalg.vector_norm(rows, float("inf"), dim=1, dtype=torch.float32)
-            self._answers.put(answer, (key, judged, step, rate, before.dtype))
-        return self._judge()
+                answer = (1.0, 0.0, 0.0) if changed else (0.0, float(_largest(grad)), float(_largest(before)))
+                return self._judge(self._answers.ready() + [(payload, answer)])
+            # the largest change in place of the flag, the three in three kernels (launches cost), read late
+            rows = torch.stack([param.detach() - before, grad.detach().to(before.dtype), before]).reshape(3, -1)
+            self._answers.put(torch.linalg.vector_norm(rows, float("inf"), dim=1, dtype=torch.float32), payload)
+        return self._judge(self._answers.ready())
 
-    def _judge(self) -> int | None:
+    def _judge(self, answers: list) -> int | None:
         """The answers read by now, in order: a step broken where it left the witness unchanged although its
         gradient was not zero and an update of `lr x largest |gradient|` is far above the rounding of the
         witness's largest value in its dtype (16 units in the last place)."""
-        for (key, judged, step, rate, dtype), (changed, largest_gradient, largest_value) in self._answers.ready():
+        for (key, judged, step, rate, dtype), (changed, largest_gradient, largest_value) in answers:
             broken = changed == 0 and largest_gradient > 0 and \
                 rate * largest_gradient > 16 * torch.finfo(dtype).eps * largest_value
             last, in_a_row = self._broken.get(key, (0, 0))
