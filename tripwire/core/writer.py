@@ -145,14 +145,16 @@ class Writer:
         (a loss, a learning rate) are kept, within SCALAR_SLACK past the bound; False only if even those were
         dropped. Under `on_full: block` training waits instead, for a sample that can ever fit."""
         self._raise_if_failed()
+        size = sample.nbytes
         with self._cond:
-            while self._pending + sample.nbytes > self._limit:
-                if self.config.on_full == "block" and sample.nbytes <= self._limit and not self._closing:
+            while self._pending + size > self._limit:
+                if self.config.on_full == "block" and size <= self._limit and not self._closing:
                     self._cond.wait(0.05)
                 elif sample.tensors:
                     self._leave_out(sample.step, {n: a.nbytes for n, a in sample.tensors.items()})
                     sample.tensors = {}
-                elif self._pending + sample.nbytes <= self._limit + SCALAR_SLACK:
+                    size = sample.nbytes
+                elif self._pending + size <= self._limit + SCALAR_SLACK:
                     break
                 else:
                     self.dropped_steps += 1
@@ -163,7 +165,7 @@ class Writer:
                                     "as dropped_steps). %s", self.config.max_queue_mb, self._why_full(),
                                     self._fix_full())
                     return False
-            self._pending += sample.nbytes
+            self._pending += size
             self._queue.append(sample)
             if self._pending >= FLUSH_BYTES:
                 self._cond.notify()

@@ -110,6 +110,9 @@ def read_kept(kept: list) -> list[tuple[int, float]]:
     tensors = [(step, loss) for step, loss in kept if isinstance(loss, torch.Tensor) and loss.numel()]
     numbers = [(step, float(np.mean(np.asarray(loss, dtype=np.float64)))) for step, loss in kept
                if not isinstance(loss, torch.Tensor)]
+    # a CPU loss of one value is read as it is (a microsecond; a mean and a stack cost ten)
+    numbers += [(step, loss.item()) for step, loss in tensors if loss.device.type == "cpu" and loss.numel() == 1]
+    tensors = [(step, loss) for step, loss in tensors if loss.device.type != "cpu" or loss.numel() != 1]
     if tensors:
         values = torch.stack([loss.float().mean() for _, loss in tensors]).cpu().tolist()
         numbers += [(step, value) for (step, _), value in zip(tensors, values)]
