@@ -32,10 +32,10 @@ def net():
     return nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 10))
 
 
-def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimizer=None):
+def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimizer=None, stepping=True):
     """A plain loop on digits; `clear`: where zero_grad() is called (None: nowhere); `mode(model)` sets the mode
-    before training; `optimizer(parameters)` makes the optimizer (SGD by default). Returns (the run, the final
-    training accuracy)."""
+    before training; `optimizer(parameters)` makes the optimizer (SGD by default); `stepping`: False, the loop
+    never calls optimizer.step(). Returns (the run, the final training accuracy)."""
     x, y = digits()
     model = net()
     optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.05)))(model.parameters())
@@ -52,7 +52,7 @@ def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimiz
             loss.backward()
             if clear == "before_step":
                 optimizer.zero_grad()
-            if (step + 1) % accumulate == 0:
+            if stepping and (step + 1) % accumulate == 0:
                 optimizer.step()
             probe.step(loss)
     model.eval()
@@ -70,6 +70,39 @@ def test_a_missing_zero_grad_is_an_error_at_step_1(tmp_path):
     (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
     assert verdict.evidence["count"] == 6 and "6 parameter(s)" in verdict.message  # every parameter of the model
     assert "zero_grad()" in verdict.hint
+
+
+def test_an_optimizer_step_never_called_is_an_error_at_step_2(tmp_path):
+    """zero_grad() and backward() at every step, optimizer.step() forgotten: nothing trains while every tensor looks
+    healthy. Step 1 clears step 0's gradients unapplied, step 2 step 1's: told there. Accumulation over more steps
+    than the first four keeps its gradients (below: silent)."""
+    run, accuracy = loop(tmp_path / "run", stepping=False)
+    assert accuracy < 0.2  # at chance: it did not train
+    assert findings(run) == [("gradients_discarded", 2, "error")]
+    (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
+    assert "6 parameter(s)" in verdict.message and "optimizer.step()" in verdict.hint
+    run, accuracy = loop(tmp_path / "accumulated", accumulate=8)
+    assert accuracy > 0.8 and findings(run) == []
+
+
+def test_steps_a_grad_scaler_skips_at_the_start_discard_nothing(tmp_path):
+    """fp16-style training whose scale starts too high: a GradScaler skips the first steps (their gradients are
+    Inf) and the next zero_grad() clears them unapplied, by design."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for step in range(30):
+            i = 32 * step
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            scaler.scale(loss * (float("inf") if step < 4 else 1.0)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            probe.step(loss)
+    assert scaler.get_scale() == 2.0 ** 12  # it skipped the first four steps
+    assert findings(tripwire.open_run(probe.run_url)) == []
 
 
 @pytest.mark.parametrize("clear, accumulate", [("before_forward", 1), ("before_backward", 1), ("before_forward", 4)])
@@ -364,10 +397,10 @@ class Manual(pl.LightningModule):
     "before_step"); with `gan`, two optimizers over two halves, the second's
     loss flowing back into the first half too (as a GAN's generator loss reaches the discriminator)."""
 
-    def __init__(self, clear=True, gan=False):
+    def __init__(self, clear=True, gan=False, stepping=True):
         super().__init__()
         self.automatic_optimization = False
-        self.clear, self.gan = clear, gan
+        self.clear, self.gan, self.stepping = clear, gan, stepping
         self.body, self.head = nn.Sequential(nn.Linear(64, 32), nn.ReLU()), nn.Linear(32, 10)
 
     def training_step(self, batch, batch_idx):
@@ -380,7 +413,8 @@ class Manual(pl.LightningModule):
             self.manual_backward(loss)
             if self.clear == "before_step":
                 optimizer.zero_grad()
-            optimizer.step()
+            if self.stepping:
+                optimizer.step()
         self.log("train_loss", loss)
 
     def validation_step(self, batch, batch_idx):
@@ -409,6 +443,17 @@ def test_lightning_manual_optimisation(tmp_path, clear, gan):
     else:
         ((finding, step, severity),) = findings(run)
         assert (finding, severity) == ("stale_gradients", "error") and step <= 2
+
+
+def test_lightning_manual_optimisation_that_never_steps(tmp_path):
+    """Manual optimisation whose training_step forgot optimizer.step(): Lightning's step count stays at 0 (it counts
+    optimizer steps), so every batch is step 0; the second batch in a row whose gradients were cleared unapplied
+    tells it."""
+    torch.manual_seed(0)
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, Manual(stepping=False), max_epochs=1)
+    assert trainer.global_step == 0 and trainer.callback_metrics["val_acc"] < 0.2  # nothing trained
+    assert findings(tripwire.open_run(callback.run_url)) == [("gradients_discarded", 0, "error")]
 
 
 def test_a_parameter_no_optimizer_holds_is_not_this_rules(tmp_path):

@@ -533,12 +533,13 @@ def gan(attach, long):
 # -- plain PyTorch loops ------------------------------------------------------------------------------------------
 def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn, evaluate, scheduler=None,
                classifier: bool = False, zero_grad: bool = True, train_mode: bool = True,
-               clear_before_step: bool = False, evaluate_first: bool = False, scaler=None) -> int:
+               clear_before_step: bool = False, evaluate_first: bool = False, scaler=None,
+               optimizer_step: bool = True) -> int:
     """A plain training loop, with tripwire's probe when attached: `evaluate(model)` (in eval mode) after each
     epoch, its metrics logged to the probe, and before training with `evaluate_first` (the untrained model's
     score); the backward and the step through a GradScaler where given. Returns the optimizer steps that ran.
-    Three silent bugs can be put in: no `zero_grad`, `zero_grad` between `backward` and `step`
-    (`clear_before_step`), and no `model.train()` after the first validation."""
+    Four silent bugs can be put in: no `zero_grad`, `zero_grad` between `backward` and `step`
+    (`clear_before_step`), no `model.train()` after the first validation, and no `optimizer.step()`."""
     steps = 0
     model.to(DEVICE)  # in place: the optimizer keeps the same parameters
     probe_or_nothing = attach.probe(model, optimizer) if attach is not None else contextlib.nullcontext()
@@ -557,7 +558,9 @@ def train_loop(attach, model, optimizer, train: DataLoader, epochs: int, loss_fn
                 (loss if scaler is None else scaler.scale(loss)).backward()
                 if clear_before_step:
                     optimizer.zero_grad()
-                if scaler is None:
+                if not optimizer_step:
+                    pass
+                elif scaler is None:
                     optimizer.step()
                 else:
                     scaler.step(optimizer)
@@ -675,6 +678,12 @@ def zero_grad_before_step(attach, long):
     """The dropout CNN whose loop calls optimizer.zero_grad() between loss.backward() and optimizer.step(): every
     step applies nothing."""
     return cnn_dropout(attach, long, clear_before_step=True)
+
+
+def optimizer_step_forgotten(attach, long):
+    """The dropout CNN whose loop clears the gradients and runs the backward pass but never calls
+    optimizer.step(): nothing trains, while the loss and every tensor stay at their healthy first values."""
+    return cnn_dropout(attach, long, optimizer_step=False)
 
 
 def step_stops_updating(attach, long):
@@ -981,6 +990,27 @@ class ClearsBeforeStep(Classifier):
         self.log("train_loss", loss)
 
 
+class ForgetsStep(Classifier):
+    """Manual optimisation whose training_step clears and back-propagates but never calls optimizer.step()."""
+
+    def __init__(self, net: nn.Module, optimizer, return_preds: bool = False):
+        super().__init__(net, optimizer, return_preds)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.optimizers().zero_grad()
+        loss = self.loss(self(x), y)
+        self.manual_backward(loss)
+        self.log("train_loss", loss)
+
+
+def manual_step_forgotten(attach, long):
+    """The ReLU MLP under manual optimisation whose training_step never calls optimizer.step() (Lightning counts
+    optimizer steps: its step stays at 0)."""
+    return train_classifier(attach, long, mlp, adam(), module_class=ForgetsStep)
+
+
 def manual_zero_grad_before_step(attach, long):
     """The ReLU MLP under manual optimisation whose zero_grad() sits between manual_backward() and step()."""
     return train_classifier(attach, long, mlp, adam(), module_class=ClearsBeforeStep)
@@ -1071,9 +1101,15 @@ CASES: list[Case] = [
          fault="optimizer.zero_grad() between backward() and step()", catch=("training_relations",), tags=SILENT),
     Case("torch", "step_stops_updating", step_stops_updating, fault="optimizer.step() a no-op after step 50",
          catch=("training_relations",), onset=50, tags=SILENT),
+    # step 0 runs as in the fixed loop; step 1's forward is the first with weights a step should have changed
+    Case("torch", "optimizer_step_forgotten", optimizer_step_forgotten, fault="optimizer.step() never called",
+         catch=("training_relations",), onset=1, tags=SILENT),
     Case("lightning", "manual_zero_grad_before_step", manual_zero_grad_before_step,
          fault="manual optimisation: zero_grad() between manual_backward() and step()",
          catch=("training_relations",), tags=SILENT),
+    Case("lightning", "manual_step_forgotten", manual_step_forgotten,
+         fault="manual optimisation: optimizer.step() never called", catch=("training_relations",),
+         tags=SILENT),
     Case("lightning", "index_ignored", index_ignored, fault="the dataset's __getitem__ ignores its index",
          catch=("training_relations",), cause=("training_relations", "loss_setup"), onset=1, tags=SILENT),
     Case("torch", "ddp", ddp),

@@ -20,6 +20,14 @@ RELATIONS = {
         "cleared after the last optimizer step, so every step applies the sum of all gradients so far",
         "Call optimizer.zero_grad() (or model.zero_grad()) once per optimizer step: before the forward pass or "
         "right after optimizer.step(). With gradient accumulation, clear them after the step that applies them."),
+    "gradients_discarded": (
+        "error",
+        "no optimizer has stepped since training began, and the gradients of {n} parameter(s) were cleared before "
+        "any optimizer applied them, at two steps in a row: optimizer.step() never runs, so the model does not "
+        "train while its loss and tensors look healthy",
+        "Call optimizer.step() after loss.backward() in every training step, before the next zero_grad(); check a "
+        "condition around it that never holds (an accumulation count such as `(i + 1) % n == 0` with n larger than "
+        "the loop), and that the optimizer handed to tripwire is the one that steps the model."),
     "eval_mode": (
         "warning",
         "the model trained this step in eval mode: {n} dropout / batch-normalisation module(s) ran as at inference "
@@ -97,13 +105,19 @@ class TrainingRelations(Rule):
     """A relation that every healthy training step obeys, broken: gradients not cleared between optimizer steps
     (a missing `zero_grad()`), training in eval mode and validating in train mode, an optimizer step with no
     gradient to apply or that changes nothing, trained layers cut off from the loss by a detach, every step
-    skipped by a loss scaler, a loader that hands out one batch again and again, replicas that drift apart."""
+    skipped by a loss scaler, a loader that hands out one batch again and again, replicas that drift apart, an
+    optimizer that never steps."""
 
     name = "training_relations"
     modes = ("train",)
     condition = ("at a sampled step (and steps 1 and 2, where these bugs first show) where the plugin recorded the "
                 "relation: `stale_gradients` — after an optimizer step, a parameter's gradient arrived at every "
-                "backward pass of the next step on top of a `.grad` that was not cleared (error); `eval_mode` — an "
+                "backward pass of the next step on top of a `.grad` that was not cleared (error); "
+                "`gradients_discarded` — over the first 4 steps, before any optimizer stepped, the gradients of one "
+                "step were cleared before the next step's arrived, at two steps in a row: an optimizer.step() that "
+                "never runs (error, told at the step it is known; not where the gradients accumulate, nor where they "
+                "overflowed, as a GradScaler skips such a step; the probe and Lightning's manual optimisation); "
+                "`eval_mode` — an "
                 "optimizer stepped while the model, as a whole, was in eval mode, with dropout or batch normalisation "
                 "in it (warning; the probe tells it at the step it happens, sampled or not); `train_mode_eval` — "
                 "metrics logged as an evaluation after forwards with the model in train mode, dropout or batch "

@@ -38,7 +38,7 @@ from tripwire.plugins.torch.gradnorm import GradientNorms
 from tripwire.plugins.torch.losswatch import KEPT_LOSSES, LossWatch
 from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
-from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch, overflowed
+from tripwire.plugins.torch.relations import BatchWatch, DiscardedGradients, UpdateWatch, overflowed
 from tripwire.plugins.torch.replicas import Replicas
 from tripwire.plugins.torch.structure import describe
 
@@ -111,6 +111,7 @@ class TripwireCallback(*_callback_bases()):
         self._nonfinite = None  # (step, loss) of a NaN/Inf loss between samples, to record at the batch's end
         self._updates: UpdateWatch | None = None  # between samples, a step that stopped updating (relations)
         self._broken = None  # (step, relation) it told, to record at the batch's end
+        self._discards: DiscardedGradients | None = None  # manual optimisation's first batches (relations)
         self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
         self._stepped_at = -1  # the global step of the last optimizer step that ran (a GradScaler skips some)
         self._scaled = False  # a GradScaler may skip a step: its optimizers' hooks do not run, and cannot wake this
@@ -173,6 +174,9 @@ class TripwireCallback(*_callback_bases()):
         # whatever the user's closure returns
         self._seek_origin = "losses" in self._plan
         self._updates = UpdateWatch() if "relations" in self._plan else None
+        # manual optimisation: the user clears and steps, and may clear gradients no optimizer applied
+        self._discards = DiscardedGradients([getattr(o, "optimizer", o) for o in trainer.optimizers]) \
+            if "relations" in self._plan and not pl_module.automatic_optimization else None
         # one process: a rank that acted on its own batches alone would leave the others out of the decision
         self._batches = BatchWatch() if "relations" in self._plan and trainer.world_size == 1 and \
             trainer.num_training_batches > 1 else None
@@ -194,6 +198,9 @@ class TripwireCallback(*_callback_bases()):
             handle.remove()
         self._watching, self._wake_at, self._alive = [], None, None
         self.__dict__.pop("on_train_batch_start", None)
+        if self._discards is not None:
+            self._discards.remove()
+            self._discards = None
         if self._capture is not None:
             self._capture.close()
         self._loss_watch.close(self._recorder)
@@ -214,6 +221,8 @@ class TripwireCallback(*_callback_bases()):
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = self._batch_step = trainer.global_step
+        if self._discards is not None:
+            self._discards.begin()
         if self._alive is not None and not self._watching:  # else the optimizers' post-step hook reports steps
             self._alive()
         if self._capture is None:
@@ -364,6 +373,13 @@ class TripwireCallback(*_callback_bases()):
             self._capture.before_optimizer_step(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._discards is not None:  # the first batches of manual optimisation, until an optimizer steps
+            discarded = self._discards.end(trainer.global_step != self._batch_step)
+            if self._discards.done:
+                self._discards = None
+            if discarded and self._recorder is not None:  # Lightning's step stays where no optimizer steps
+                self._decide(trainer, self._recorder.check_relation(self._batch_step, "gradients_discarded",
+                                                                    discarded), self._batch_step)
         if self._broken is not None:  # woken between samples by a step that changed nothing
             (step, relation), self._broken = self._broken, None
             self._listen(self._sampled)

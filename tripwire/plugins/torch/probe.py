@@ -62,7 +62,8 @@ from .losswatch import KEPT_LOSSES, LossWatch
 from .objectives import ForwardCounts, Objectives
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
-from .relations import MODE_DEPENDENT, UpdateWatch, eval_mode_modules, overflowed, train_mode_modules
+from .relations import (MODE_DEPENDENT, DiscardedGradients, UpdateWatch, eval_mode_modules, overflowed,
+                        train_mode_modules)
 from .replicas import Replicas
 from .structure import describe
 
@@ -129,6 +130,9 @@ class TripwireProbe:
         # between samples, a step that stopped updating, told within a step (UpdateWatch), acted on at step()
         self._updates = UpdateWatch() if "relations" in self._recorder.plan.collections else None
         self._told = None  # the decision on such a step, until step() acts on it
+        # over the first steps, until an optimizer steps: gradients cleared that no optimizer applied
+        self._discards = DiscardedGradients(self.optimizers) \
+            if "relations" in self._recorder.plan.collections and self.optimizers else None
         self._hooks = [model.register_forward_pre_hook(self._on_forward),
                        model.register_forward_hook(self._after_forward, with_kwargs=True)]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
@@ -169,6 +173,7 @@ class TripwireProbe:
                 self._recorder.new_objective(step)
             self._stepped_last = stepped
         forwards = self._count_forwards()
+        discarded = self._discarded(trained)
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
@@ -187,6 +192,9 @@ class TripwireProbe:
             if forwards is not None:
                 said = self._recorder.fact(step, FORWARDS, forwards)
                 decision = said if decision is None else decision.merge(said)
+            if discarded:
+                said = self._recorder.check_relation(step, "gradients_discarded", discarded)
+                decision = said if decision is None else decision.merge(said) if said is not None else decision
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -201,6 +209,8 @@ class TripwireProbe:
             self._eval_mode_said |= scalars["relations/eval_mode"] > 0
         elif self._skipped:
             scalars["relations/skipped_steps"] = self._skipped if overflowed(self.optimizers) else 0
+        if discarded:
+            scalars["relations/gradients_discarded"] = discarded
         if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:
@@ -214,6 +224,16 @@ class TripwireProbe:
         origin = self._origin_of(step, _nonfinite(loss))
         decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
         self._act(decision.merge(self._recorder.poll()), sampled=True)
+
+    def _discarded(self, trained: bool) -> int | None:
+        """The end of a step for DiscardedGradients: the parameters whose gradients were cleared unapplied, where
+        this step tells it; then, and once an optimizer stepped or its steps are over, it is off."""
+        if self._discards is None:
+            return None
+        found = self._discards.end(trained)
+        if self._discards.done:
+            self._discards = None
+        return found
 
     def _count_forwards(self) -> dict | None:
         """The end of a step for ForwardCounts: its fact where this is the step it is known at; then it is off."""
@@ -254,6 +274,8 @@ class TripwireProbe:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        if self._discards is not None:
+            self._discards.remove()
         self._end_look()
         self._record_first_step()
         self._capture.close()
@@ -355,6 +377,8 @@ class TripwireProbe:
 
     def _begin(self) -> None:
         self._begun = True
+        if self._discards is not None:
+            self._discards.begin()
         self._sampled = self._capture.begin("train", self.global_step)
         if self._sampled and self._in_step is not None:  # begun by a closure inside an optimizer's step (LBFGS):
             self._capture.stepped(self._in_step)  # the parameters are as before it; its gradients come later

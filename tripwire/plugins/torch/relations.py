@@ -90,6 +90,59 @@ class GradientsCleared:
         self._handles = []
 
 
+class DiscardedGradients:
+    """Over the first steps, until an optimizer steps: whether a backward pass's gradients are cleared before any
+    optimizer applied them. A loop that calls zero_grad() and backward() but never optimizer.step() (forgotten,
+    or under a condition that never holds, or stepping another optimizer than the one holding the model) trains
+    nothing while every tensor looks healthy and the loss wanders at its first level; its first steps show it:
+    the gradients of one step are gone when the next step's arrive. Gradient accumulation keeps them (the next
+    arrive on top), and a GradScaler skips the steps whose gradients overflowed: neither is judged. Hooks on the
+    parameters' gradients at each of the first STEPS steps, none once an optimizer stepped."""
+
+    STEPS = 4
+    IN_A_ROW = 2  # steps whose gradients were found cleared, unapplied (one could be a batch skipped on purpose)
+
+    def __init__(self, optimizers):
+        self._optimizers = optimizers
+        self._parameters = [p for o in optimizers for group in o.param_groups for p in group["params"]
+                            if p.requires_grad]
+        self._watch: GradientsCleared | None = None
+        self._kept = False  # the last step's backward left gradients that no optimizer applied, and none overflowed
+        self._in_a_row = 0
+        self._steps = 0  # steps ended so far (Lightning's step count stays at 0 while no optimizer steps)
+        self.done = not self._parameters
+
+    def begin(self) -> None:
+        """A training step begins (before its backward passes)."""
+        if not self.done and self._watch is None:
+            self._watch = GradientsCleared(self._parameters)
+
+    def end(self, stepped: bool) -> int | None:
+        """The step ended (`stepped`: an optimizer stepped in it): the number of parameters whose gradients were
+        cleared unapplied, at the IN_A_ROW-th such step in a row; None otherwise."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return None
+        received, accumulated = watch.received(), watch.stale()  # stale(): arrivals on a .grad not cleared
+        self._steps += 1
+        self.done = stepped or self._steps >= self.STEPS
+        if stepped or not received:
+            self._kept, self._in_a_row = False, 0
+            return None
+        discarded = self._kept and accumulated == 0
+        self._in_a_row = self._in_a_row + 1 if discarded else 0
+        self._kept = not overflowed(self._optimizers)
+        if self._in_a_row < self.IN_A_ROW:
+            return None
+        self.done = True
+        return len(received)
+
+    def remove(self) -> None:
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+
+
 class GradientPath:
     """Forward hooks on the model's modules for one sampled training step: whether parameters that ran in the
     forward and that an optimizer steps got no gradient because the graph was cut above them.
