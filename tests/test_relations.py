@@ -85,6 +85,36 @@ def test_an_optimizer_step_never_called_is_an_error_at_step_2(tmp_path):
     assert accuracy > 0.8 and findings(run) == []
 
 
+@pytest.mark.parametrize("per_batch", [True, False], ids=["scheduler_per_batch", "scheduler_per_epoch"])
+def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batch):
+    """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: by step 100 the rate is 1e-12
+    and every update rounds away in float32. The sampled step that finds the step changed nothing names the rate,
+    not a broken optimizer; the twin that steps it per epoch (40 batches) learns and is silent."""
+    x, y = digits()
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+        for step in range(200):
+            i = 32 * (step % 40)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            optimizer.step()
+            if per_batch or step % 40 == 39:
+                scheduler.step()
+            probe.step(loss)
+    run = tripwire.open_run(probe.run_url)
+    if not per_batch:
+        model.eval()
+        assert float((model(x).argmax(1) == y).float().mean()) > 0.8 and findings(run) == []
+        return
+    ((finding, step, severity),) = findings(run)
+    assert (finding, severity) == ("update_rounds_away", "error") and step <= 100
+    (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
+    assert "scheduler" in verdict.hint
+
+
 def test_steps_a_grad_scaler_skips_at_the_start_discard_nothing(tmp_path):
     """fp16-style training whose scale starts too high: a GradScaler skips the first steps (their gradients are
     Inf) and the next zero_grad() clears them unapplied, by design."""

@@ -52,6 +52,9 @@ CAUSES: dict[str, Cause] = {
     "training_relations:no_gradients": Cause("optimizer steps with no gradient (zero_grad between backward and "
                                              "step?)", _NO_STEP + ("all_zero", "vanishing_gradient")),
     "training_relations:step_changed_nothing": Cause("optimizer steps that change nothing", _NO_STEP),
+    "training_relations:update_rounds_away": Cause("a learning rate too low for the weights' precision (a "
+                                                   "scheduler stepped per batch?)", _NO_STEP),
+    "training_relations:gradients_discarded": Cause("optimizer.step() never called", _NO_STEP),
     "training_relations:no_gradient_path": Cause("layers cut off from the loss (a detach)", _NO_STEP),
     "training_relations:same_eval_data": Cause("the training data used as validation data", ("overfit",
                                                                                              "overtraining")),

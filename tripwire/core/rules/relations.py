@@ -59,8 +59,17 @@ RELATIONS = {
         "an optimizer step left its {n} smallest parameter(s) with a non-zero gradient and a learning rate above 0 "
         "exactly as they were: the step applied no update",
         "The optimizer's step ran and changed nothing. Check an overridden or wrapped step() (one that returns "
-        "early or writes into copies, a compiled step that does not write back) and, for bf16 or fp16 weights, a "
-        "learning rate so small that every update rounds away (keep fp32 master weights)."),
+        "early or writes into copies, a compiled step that does not write back)."),
+    "update_rounds_away": (
+        "error",
+        "an optimizer step at a learning rate above 0 left its {n} smallest parameter(s) with a gradient exactly as "
+        "they were, and an update of the learning rate x their largest gradient is below what their dtype can add "
+        "to their values: every update rounds away, so the weights no longer train",
+        "The learning rate has fallen too low for the weights' precision: a scheduler stepped more often than it "
+        "was written for (StepLR or ExponentialLR stepped at every batch instead of every epoch multiplies the rate "
+        "by gamma thousands of times), or a decay too steep; print optimizer.param_groups[0]['lr'] and fix the "
+        "schedule. With bf16 or fp16 weights at a usual rate, keep fp32 master weights (autocast over fp32 "
+        "parameters)."),
     "repeated_batch": (
         "warning",
         "the model was handed exactly the same batch at {n} steps in a row, although an epoch holds more than one: "
@@ -132,11 +141,17 @@ class TrainingRelations(Rule):
                 "with no cut above it, and modules run in eval mode, a part the program holds in inference (a feature "
                 "extractor frozen on purpose), break nothing); `step_changed_nothing` — an optimizer step left "
                 "unchanged each of its (up to 4) smallest parameters that had a non-zero gradient and a learning rate "
-                "above 0 (error; a step a GradScaler skipped is not judged; between samples the probe, Lightning and "
+                "above 0, where an update of lr x the largest gradient would have shown in the dtype of one of them "
+                "(16 units in the last place of its largest value) (error; a step a GradScaler skipped is not judged; "
+                "between samples the probe, Lightning and "
                 "the Trainer compare each optimizer's smallest such parameter at every step and tell the second step "
                 "in a row that left it unchanged where an update of lr x its largest gradient would have shown in its "
                 "dtype, so a step that stops updating mid-run is told within a step; on an accelerator the answer is "
-                "read a step or a few later, without waiting, and told with the step it was about); `repeated_batch` "
+                "read a step or a few later, without waiting, and told with the step it was about); "
+                "`update_rounds_away` — the same unchanged parameters where no such update would have shown: a "
+                "learning rate too low for the weights' precision (a scheduler stepped per batch where it was "
+                "written per epoch; bf16 weights without fp32 master weights; error, at a sampled step); "
+                "`repeated_batch` "
                 "— every tensor of the batch exactly equal to the last batch's at two steps in a row, where an epoch "
                 "holds more than one batch (warning; Lightning and the Hugging Face Trainer, at the first steps and "
                 "at consecutive steps the plugin sees, on an accelerator at sampled steps only; a plain loop's probe "

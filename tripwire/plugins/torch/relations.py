@@ -229,32 +229,39 @@ class StepEffect:
             return
         empty = [True if p.grad is None else _all_zero(local_shard(p.grad)) for p in parameters]
         # under FSDP each rank reads its own shard (a rank may hold none of a small parameter: no gradient there)
-        candidates = sorted(((local_shard(p), local_shard(p.grad)) for p in parameters if p.grad is not None and
-                             p.grad.layout == torch.strided and not p.is_meta and _positive(rates.get(id(p)))),
-                            key=lambda pg: pg[0].numel())
-        witnesses = [(p, p.detach().clone(), grad.detach().any()) for p, grad in candidates[:WITNESSES]]
+        candidates = sorted(((local_shard(p), local_shard(p.grad), float(rates[id(p)])) for p in parameters
+                             if p.grad is not None and p.grad.layout == torch.strided and not p.is_meta and
+                             p.numel() and _positive(rates.get(id(p)))), key=lambda pgr: pgr[0].numel())
+        witnesses = [(p, p.detach().clone(), grad.detach().any(), _shows(p, grad, rate))
+                     for p, grad, rate in candidates[:WITNESSES]]
         self._steps.append((id(optimizer), len(parameters), empty, witnesses))
 
     def read(self, ran: set | None = None) -> dict[str, int]:
         """{relation: count} over this sample's optimizer steps (tripwire.core.rules.relations): `no_gradients`,
         the parameters of a step none of which had a gradient; `step_changed_nothing`, the parameters with a
-        gradient that a step left as they were, where it changed none of them. `ran`: the ids of the optimizers
-        whose step ran, where the plugin knows (a GradScaler skips a step whose gradients overflowed, by design:
-        it is not judged). The flags are read in one copy; a relation no step could judge is absent."""
+        gradient that a step left as they were, where it changed none of them although an update of lr x their
+        largest gradient would have shown in their dtype; `update_rounds_away` (only where broken), the same
+        where no such update would have shown: the rate is too low for the weights' precision. `ran`: the ids of
+        the optimizers whose step ran, where the plugin knows (a GradScaler skips a step whose gradients
+        overflowed, by design: it is not judged). The flags are read in one copy; a relation no step could judge is absent."""
         steps, self._steps = [s for s in self._steps if ran is None or s[0] in ran], []
         flags = [f for _, _, empty, witnesses in steps for f in
                  [*(e for e in empty if isinstance(e, torch.Tensor)),
-                  *(t for p, before, moved in witnesses for t in (moved, (p.detach() != before).any()))]]
+                  *(t for p, before, moved, shows in witnesses for t in (moved, (p.detach() != before).any(), shows))]]
         read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
         counts: dict = {}  # a relation no step could be judged on is absent
         for _, held, empty, witnesses in steps:  # every flag is read: a list, not a generator all() stops early on
             counts["no_gradients"] = counts.get("no_gradients", 0) + \
                 held * all([e if isinstance(e, bool) else next(read) for e in empty])
-            moved = [(next(read), next(read)) for _ in witnesses]
-            with_gradient = [changed for has_gradient, changed in moved if has_gradient]
-            if with_gradient:
-                counts["step_changed_nothing"] = counts.get("step_changed_nothing", 0) + \
-                    (0 if any(with_gradient) else len(with_gradient))
+            moved = [(next(read), next(read), next(read)) for _ in witnesses]
+            with_gradient = [(changed, shows) for has_gradient, changed, shows in moved if has_gradient]
+            if not with_gradient:
+                continue
+            broken = not any(changed for changed, _ in with_gradient)
+            if broken and not any(shows for _, shows in with_gradient):  # every update below the weights' precision
+                counts["update_rounds_away"] = counts.get("update_rounds_away", 0) + len(with_gradient)
+                broken = False
+            counts["step_changed_nothing"] = counts.get("step_changed_nothing", 0) + broken * len(with_gradient)
         return counts
 
 
@@ -445,6 +452,14 @@ def _equal_batches(last: list, batch: list) -> bool:
         if not torch.equal(flat_a[picks], flat_b[picks]):
             return False
     return all(torch.equal(a, b) for a, b in zip(last, batch))
+
+
+def _shows(param: torch.Tensor, grad: torch.Tensor, rate: float) -> torch.Tensor:
+    """A device flag: an update of `rate` x the gradient's largest value is far above the rounding of the
+    parameter's largest value in its dtype (16 units in the last place), so a step that applied it would show."""
+    if not param.is_floating_point():
+        return torch.tensor(True, device=param.device)
+    return rate * _largest(grad) > 16 * torch.finfo(param.dtype).eps * _largest(param)
 
 
 def _largest(t: torch.Tensor) -> torch.Tensor:
