@@ -973,12 +973,16 @@ def ddp_bypass(attach, long):
     return ddp(attach, long, bypass=True)
 
 
-class ClearsBeforeStep(Classifier):
-    """Manual optimisation as users write it, with optimizer.zero_grad() between the backward pass and the step."""
+class ManualClassifier(Classifier):
+    """The classifier under manual optimisation: its training_step clears, back-propagates and steps itself."""
 
     def __init__(self, net: nn.Module, optimizer, return_preds: bool = False):
         super().__init__(net, optimizer, return_preds)
         self.automatic_optimization = False
+
+
+class ClearsBeforeStep(ManualClassifier):
+    """Manual optimisation as users write it, with optimizer.zero_grad() between the backward pass and the step."""
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -990,12 +994,8 @@ class ClearsBeforeStep(Classifier):
         self.log("train_loss", loss)
 
 
-class ForgetsStep(Classifier):
+class ForgetsStep(ManualClassifier):
     """Manual optimisation whose training_step clears and back-propagates but never calls optimizer.step()."""
-
-    def __init__(self, net: nn.Module, optimizer, return_preds: bool = False):
-        super().__init__(net, optimizer, return_preds)
-        self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
         x, y = batch
