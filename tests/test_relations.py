@@ -32,10 +32,12 @@ def net():
     return nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 10))
 
 
-def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimizer=None, stepping=True):
+def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimizer=None, stepping=True,
+         after_step=None):
     """A plain loop on digits; `clear`: where zero_grad() is called (None: nowhere); `mode(model)` sets the mode
     before training; `optimizer(parameters)` makes the optimizer (SGD by default); `stepping`: False, the loop
-    never calls optimizer.step(). Returns (the run, the final training accuracy)."""
+    never calls optimizer.step(); `after_step(step)` runs after it (a scheduler). Returns (the run, the final
+    training accuracy)."""
     x, y = digits()
     model = net()
     optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.05)))(model.parameters())
@@ -54,6 +56,8 @@ def loop(out, clear="before_forward", accumulate=1, mode=None, steps=40, optimiz
                 optimizer.zero_grad()
             if stepping and (step + 1) % accumulate == 0:
                 optimizer.step()
+            if after_step is not None:
+                after_step(step)
             probe.step(loss)
     model.eval()
     accuracy = float((model(x).argmax(1) == y).float().mean())
@@ -90,49 +94,22 @@ def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batc
     """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: by step 100 the rate is 1e-12
     and every update rounds away in float32. The sampled step that finds the step changed nothing names the rate,
     not a broken optimizer; the twin that steps it per epoch (40 batches) learns and is silent."""
-    x, y = digits()
-    model = net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
-    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
-        for step in range(200):
-            i = 32 * (step % 40)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
-            loss.backward()
-            optimizer.step()
-            if per_batch or step % 40 == 39:
-                scheduler.step()
-            probe.step(loss)
-    run = tripwire.open_run(probe.run_url)
+    schedulers = []
+
+    def sgd_with_step_lr(parameters):
+        optimizer = torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+        schedulers.append(torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5))
+        return optimizer
+
+    run, accuracy = loop(tmp_path / "run", optimizer=sgd_with_step_lr, steps=200,
+                         after_step=lambda step: (per_batch or step % 40 == 39) and schedulers[0].step())
     if not per_batch:
-        model.eval()
-        assert float((model(x).argmax(1) == y).float().mean()) > 0.8 and findings(run) == []
+        assert accuracy > 0.8 and findings(run) == []
         return
     ((finding, step, severity),) = findings(run)
     assert (finding, severity) == ("update_rounds_away", "error") and step <= 100
     (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
     assert "scheduler" in verdict.hint
-
-
-def test_steps_a_grad_scaler_skips_at_the_start_discard_nothing(tmp_path):
-    """fp16-style training whose scale starts too high: a GradScaler skips the first steps (their gradients are
-    Inf) and the next zero_grad() clears them unapplied, by design."""
-    x, y = digits()
-    model = net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
-    with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
-        for step in range(30):
-            i = 32 * step
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
-            scaler.scale(loss * (float("inf") if step < 4 else 1.0)).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            probe.step(loss)
-    assert scaler.get_scale() == 2.0 ** 12  # it skipped the first four steps
-    assert findings(tripwire.open_run(probe.run_url)) == []
 
 
 @pytest.mark.parametrize("clear, accumulate", [("before_forward", 1), ("before_backward", 1), ("before_forward", 4)])
@@ -282,22 +259,24 @@ def test_healthy_optimizers_change_what_they_step(tmp_path, optimizer):
     assert run.tensor("relations/step_changed_nothing").series("value")[1].tolist() == [0] * 14  # 0, 1, 2, 10, …
 
 
-def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path):
-    """An overflowing loss at a sampled step: GradScaler skips that optimizer step, by design."""
+@pytest.mark.parametrize("overflowing", [(0, 10), (0, 1, 2, 3)], ids=["at_samples", "first_four"])
+def test_steps_a_grad_scaler_skips_are_not_judged(tmp_path, overflowing):
+    """Overflowing losses: GradScaler skips those optimizer steps, by design, and the next zero_grad() clears their
+    gradients unapplied: at sampled steps, and at the first four (fp16 training whose scale starts too high)."""
     x, y = digits()
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
     with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
-        for step in range(21):
+        for step in range(30):
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x[32 * step:32 * step + 32]), y[32 * step:32 * step + 32])
-            scaler.scale(loss * (float("inf") if step in (0, 10) else 1.0)).backward()
+            scaler.scale(loss * (float("inf") if step in overflowing else 1.0)).backward()
             scaler.step(optimizer)
             scaler.update()
             probe.step(loss)
     run = tripwire.open_run(probe.run_url)
-    assert scaler.get_scale() < 2.0 ** 16  # it did skip
+    assert scaler.get_scale() == 2.0 ** (16 - len(overflowing))  # it skipped each of them
     assert findings(run) == []
 
 
