@@ -7,7 +7,6 @@ import math
 import re
 from dataclasses import dataclass
 
-
 from ..ranges import COUNT, SHARE
 from .base import NotApplicable, Requirement, Rule, loss_not_a_fit, values_at
 

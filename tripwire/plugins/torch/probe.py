@@ -192,9 +192,9 @@ class TripwireProbe:
             if forwards is not None:
                 said = self._recorder.fact(step, FORWARDS, forwards)
                 decision = said if decision is None else decision.merge(said)
-            if discarded:
-                said = self._recorder.check_relation(step, "gradients_discarded", discarded)
-                decision = said if decision is None else decision.merge(said) if said is not None else decision
+            said = self._recorder.check_relation(step, "gradients_discarded", discarded) if discarded else None
+            if said is not None:
+                decision = said if decision is None else decision.merge(said)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
