@@ -24,12 +24,13 @@ import time
 import traceback
 from importlib import metadata
 
-from . import frameworks, lightning_overhead, reaction, reading, throughput, torch_loop
+from . import frameworks, lightning_overhead, reaction, reading, steps, throughput, torch_loop
 from .common import ROOT, BenchError, Row
 
 FAMILIES = {
     "lightning": lightning_overhead.run,
     "torch": torch_loop.run,
+    "steps": steps.run,
     "throughput": throughput.run,
     "reading": reading.run,
     "reaction": reaction.run,

@@ -1,0 +1,87 @@
+"""Family `steps`: what one unsampled step of the plain loop costs with the probe, measured inside one process.
+
+The torch family's whole-process ratios move by ±10 % between runs on a shared machine, more than the every-step
+checks cost. Here loops of STEPS steps alternate in one fresh interpreter, round after round: the bare loop, the
+loop with four hooks that do nothing (the model's forward pre- and post-hook, the optimizer's step pre- and
+post-hook: what torch charges any probe for seeing the step), and the loop with TripwireProbe and the default
+config. Each loop gives the median time of its unsampled steps (the default config samples steps 0-9 and every
+100th; those and the three after each are left out); each round's ratio is to the bare loop of that round.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from .common import Row, child, median
+
+STEPS = 800
+VARIANTS = ("bare", "empty hooks", "probe")
+
+
+def measure(rounds: int, out_dir: str) -> dict:
+    """{variant: [median unsampled step time in seconds, per round]}, the variants alternating in each round."""
+    import logging
+
+    from .model import batches, single_thread
+
+    single_thread()
+    logging.getLogger("tripwire").setLevel(logging.ERROR)  # the bench's random labels never learn: said at close
+    data = batches(STEPS)
+    results: dict = {variant: [] for variant in VARIANTS}
+    for _ in range(rounds):
+        for variant in VARIANTS:
+            results[variant].append(_unsampled_step(variant, data, out_dir))
+    return results
+
+
+def _unsampled_step(variant: str, data: list, out_dir: str) -> float:
+    import gc
+    import statistics
+    import time
+
+    import torch
+
+    from tripwire.plugins.torch import TripwireProbe
+
+    from .model import mlp
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    probe, handles = None, []
+    if variant == "empty hooks":
+        handles = [model.register_forward_pre_hook(lambda module, args: None),
+                   model.register_forward_hook(lambda module, args, kwargs, output: None, with_kwargs=True),
+                   optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: None),
+                   optimizer.register_step_post_hook(lambda optimizer, args, kwargs: None)]
+    elif variant == "probe":
+        probe = TripwireProbe(model, optimizer, None, out_dir=tempfile.mkdtemp(dir=out_dir))
+    gc.collect()
+    times = []
+    for x, y in data:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if probe is not None:
+            probe.step(loss)
+        times.append(time.perf_counter() - start)
+    if probe is not None:
+        probe.close()
+    for handle in handles:
+        handle.remove()
+    return statistics.median(t for i, t in enumerate(times) if i >= 10 and i % 100 > 3)
+
+
+def run(repeats: int, work: str, **_) -> list[Row]:
+    results = child("steps", "measure", rounds=max(repeats, 5), out_dir=work)
+    bare = results["bare"]
+    rows = []
+    for variant, name, target in (("empty hooks", "four hooks that do nothing (torch's dispatch)", ""),
+                                  ("probe", "TripwireProbe, default rules.yaml", "<= 1.01")):
+        ratios = [t / b for t, b in zip(results[variant], bare)]
+        added = median(t - b for t, b in zip(results[variant], bare))
+        rows.append(Row("steps", f"unsampled step: {name}", median(ratios), "x", target, samples=ratios,
+                        note=f"+{added * 1e6:.0f} us on a {median(bare) * 1e6:.0f} us step"))
+    return rows
