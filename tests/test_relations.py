@@ -13,6 +13,7 @@ from torch import nn
 
 import helpers
 import tripwire
+from test_probe import SAM
 from tripwire.plugins.lightning import TripwireCallback
 from tripwire.plugins.torch import TripwireProbe
 from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
@@ -463,6 +464,35 @@ def test_lightning_manual_optimisation_that_never_steps(tmp_path):
     trainer = helpers.fit(callback, Manual(stepping=False), max_epochs=1)
     assert trainer.global_step == 0 and trainer.callback_metrics["val_acc"] < 0.2  # nothing trained
     assert findings(tripwire.open_run(callback.run_url)) == [("gradients_discarded", 0, "error")]
+
+
+class ManualSAM(Manual):
+    """Manual optimisation with SAM through its own two calls (the common implementation, test_probe's): the base
+    optimizer steps, while Lightning, which counts the steps of its wrapper, stays at step 0."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        sam = self.optimizers().optimizer
+        loss = F.cross_entropy(self.head(self.body(x)), y)
+        self.manual_backward(loss)
+        sam.first_step()
+        self.manual_backward(F.cross_entropy(self.head(self.body(x)), y))
+        sam.second_step()
+        self.log("train_loss", loss)
+
+    def configure_optimizers(self):
+        return SAM(self.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+
+
+def test_lightning_manual_sam_steps_its_base_optimizer(tmp_path):
+    """SAM clears its gradients after each of its steps and only its base optimizer's step runs: where 'an
+    optimizer stepped' was read from Lightning's step count, that was gradients discarded, an error on a run that
+    learns. The base optimizer's own step hook says it stepped."""
+    torch.manual_seed(0)
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, ManualSAM(), max_epochs=2)
+    assert trainer.global_step == 0 and trainer.callback_metrics["val_acc"] > 0.8
+    assert findings(tripwire.open_run(callback.run_url)) == []
 
 
 def test_a_parameter_no_optimizer_holds_is_not_this_rules(tmp_path):

@@ -374,7 +374,7 @@ class TripwireCallback(*_callback_bases()):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._discards is not None:  # the first batches of manual optimisation, until an optimizer steps
-            discarded = self._discards.end(trainer.global_step != self._batch_step)
+            discarded = self._discards.end()
             if self._discards.done:
                 self._discards = None
             if discarded and self._recorder is not None:  # Lightning's step stays where no optimizer steps

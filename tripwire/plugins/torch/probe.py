@@ -63,7 +63,7 @@ from .objectives import ForwardCounts, Objectives
 from .origin import find_origin, finite_on_host, loss_origin
 from .reduce import Reductions
 from .relations import (MODE_DEPENDENT, DiscardedGradients, UpdateWatch, eval_mode_modules, overflowed,
-                        train_mode_modules)
+                        stepping, train_mode_modules)
 from .replicas import Replicas
 from .structure import describe
 
@@ -86,7 +86,7 @@ class TripwireProbe:
     def __init__(self, model: torch.nn.Module, optimizer, config=None, out_dir=None,
                  storage_options: dict | None = None, *, append: bool = False):
         self.model = model
-        self.optimizers = [_stepping(o) for o in (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
+        self.optimizers = [stepping(o) for o in (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
         self.config = load_config(config)
         _warn_ranks_apart(self.config.workers)
         prepare_storage(self.config, out_dir, storage_options)
@@ -173,7 +173,7 @@ class TripwireProbe:
                 self._recorder.new_objective(step)
             self._stepped_last = stepped
         forwards = self._count_forwards()
-        discarded = self._discarded(trained)
+        discarded = self._discarded()
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
@@ -225,12 +225,12 @@ class TripwireProbe:
         decision = self._recorder.record(step, "train", {**values, **origin}, tensors, loss=_mean(loss))
         self._act(decision.merge(self._recorder.poll()), sampled=True)
 
-    def _discarded(self, trained: bool) -> int | None:
+    def _discarded(self) -> int | None:
         """The end of a step for DiscardedGradients: the parameters whose gradients were cleared unapplied, where
         this step tells it; then, and once an optimizer stepped or its steps are over, it is off."""
         if self._discards is None:
             return None
-        found = self._discards.end(trained)
+        found = self._discards.end()
         if self._discards.done:
             self._discards = None
         return found
@@ -466,17 +466,6 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
-
-
-def _stepping(optimizer):
-    """The optimizer whose steps update the parameters: where one holds another that shares its param_groups, it
-    hands its steps to it (SAM's second_step calls its base_optimizer's step, and its own step() is never called),
-    and the probe watches that one's steps."""
-    for inner in vars(optimizer).values() if hasattr(optimizer, "__dict__") else ():
-        if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer and \
-                inner.param_groups is getattr(optimizer, "param_groups", None):
-            return _stepping(inner)
-    return optimizer
 
 
 def _several_processes() -> bool:

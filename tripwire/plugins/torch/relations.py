@@ -97,50 +97,73 @@ class DiscardedGradients:
     nothing while every tensor looks healthy and the loss wanders at its first level; its first steps show it:
     the gradients of one step are gone when the next step's arrive. Gradient accumulation keeps them (the next
     arrive on top), and a GradScaler skips the steps whose gradients overflowed: neither is judged. Hooks on the
-    parameters' gradients at each of the first STEPS steps, none once an optimizer stepped."""
+    parameters' gradients at each of the first STEPS steps, and on the optimizers' steps (the one that updates:
+    SAM's base optimizer), none once an optimizer stepped."""
 
     STEPS = 4
     IN_A_ROW = 2  # steps whose gradients were found cleared, unapplied (one could be a batch skipped on purpose)
 
     def __init__(self, optimizers):
-        self._optimizers = optimizers
-        self._parameters = [p for o in optimizers for group in o.param_groups for p in group["params"]
+        self._optimizers = [stepping(o) for o in optimizers]
+        self._parameters = [p for o in self._optimizers for group in o.param_groups for p in group["params"]
                             if p.requires_grad]
+        self._stepped = False  # an optimizer stepped in the current step
+        self._steps_hooks = [o.register_step_post_hook(self._note_step) for o in self._optimizers]
         self._watch: GradientsCleared | None = None
         self._kept = False  # the last step's backward left gradients that no optimizer applied, and none overflowed
         self._in_a_row = 0
         self._steps = 0  # steps ended so far (Lightning's step count stays at 0 while no optimizer steps)
         self.done = not self._parameters
 
+    def _note_step(self, optimizer, args, kwargs) -> None:
+        self._stepped = True
+
     def begin(self) -> None:
         """A training step begins (before its backward passes)."""
         if not self.done and self._watch is None:
             self._watch = GradientsCleared(self._parameters)
 
-    def end(self, stepped: bool) -> int | None:
-        """The step ended (`stepped`: an optimizer stepped in it): the number of parameters whose gradients were
-        cleared unapplied, at the IN_A_ROW-th such step in a row; None otherwise."""
+    def end(self) -> int | None:
+        """The step ended: the number of parameters whose gradients were cleared unapplied, at the IN_A_ROW-th such
+        step in a row; None otherwise. Once done, its hooks are gone."""
         watch, self._watch = self._watch, None
+        stepped, self._stepped = self._stepped, False
         if watch is None:
             return None
         received, accumulated = watch.received(), watch.stale()  # stale(): arrivals on a .grad not cleared
         self._steps += 1
         self.done = stepped or self._steps >= self.STEPS
+        found = None
         if stepped or not received:
             self._kept, self._in_a_row = False, 0
-            return None
-        discarded = self._kept and accumulated == 0
-        self._in_a_row = self._in_a_row + 1 if discarded else 0
-        self._kept = not overflowed(self._optimizers)
-        if self._in_a_row < self.IN_A_ROW:
-            return None
-        self.done = True
-        return len(received)
+        else:
+            discarded = self._kept and accumulated == 0
+            self._in_a_row = self._in_a_row + 1 if discarded else 0
+            self._kept = not overflowed(self._optimizers)
+            if self._in_a_row >= self.IN_A_ROW:
+                self.done, found = True, len(received)
+        if self.done:
+            self.remove()
+        return found
 
     def remove(self) -> None:
         if self._watch is not None:
             self._watch.remove()
             self._watch = None
+        for handle in self._steps_hooks:
+            handle.remove()
+        self._steps_hooks = []
+
+
+def stepping(optimizer):
+    """The optimizer whose steps update the parameters: where one holds another that shares its param_groups, it
+    hands its steps to it (SAM's second_step calls its base_optimizer's step, and its own step() is never called),
+    and that one's steps are watched."""
+    for inner in vars(optimizer).values() if hasattr(optimizer, "__dict__") else ():
+        if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer and \
+                inner.param_groups is getattr(optimizer, "param_groups", None):
+            return stepping(inner)
+    return optimizer
 
 
 class GradientPath:
