@@ -108,12 +108,12 @@ class DiscardedGradients:
         self._parameters = [p for o in self._optimizers for group in o.param_groups for p in group["params"]
                             if p.requires_grad]
         self._stepped = False  # an optimizer stepped in the current step
-        self._steps_hooks = [o.register_step_post_hook(self._note_step) for o in self._optimizers]
         self._watch: GradientsCleared | None = None
         self._kept = False  # the last step's backward left gradients that no optimizer applied, and none overflowed
         self._in_a_row = 0
         self._steps = 0  # steps ended so far (Lightning's step count stays at 0 while no optimizer steps)
-        self.done = not self._parameters
+        self.done = not self._parameters  # nothing to watch: no hook is made
+        self._steps_hooks = [] if self.done else [o.register_step_post_hook(self._note_step) for o in self._optimizers]
 
     def _note_step(self, optimizer, args, kwargs) -> None:
         self._stepped = True
