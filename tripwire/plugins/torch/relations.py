@@ -266,7 +266,8 @@ class StepEffect:
         largest gradient would have shown in their dtype; `update_rounds_away` (only where broken), the same
         where no such update would have shown: the rate is too low for the weights' precision. `ran`: the ids of
         the optimizers whose step ran, where the plugin knows (a GradScaler skips a step whose gradients
-        overflowed, by design: it is not judged). The flags are read in one copy; a relation no step could judge is absent."""
+        overflowed, by design: it is not judged). The flags are read in one copy; a relation no step could judge
+        is absent."""
         steps, self._steps = [s for s in self._steps if ran is None or s[0] in ran], []
         flags = [f for _, _, empty, witnesses in steps for f in
                  [*(e for e in empty if isinstance(e, torch.Tensor)),
