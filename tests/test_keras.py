@@ -389,6 +389,40 @@ def test_optimizers_of_a_custom_train_step_passed_through_wrap_optimizer_are_cap
     assert not fired(cb.run_url)
 
 
+class OwnLosses(TwoOptimizers):
+    """TwoOptimizers whose train step logs its loss under a name of its own, as a GAN's logs `d_loss` and `g_loss`:
+    Keras logs no `loss`."""
+
+    def train_step(self, data):
+        return {"head_loss": super().train_step(data)["xent"]}
+
+
+@pytest.mark.parametrize("lr", [50.0, 0.1])
+def test_a_nan_in_the_losses_a_custom_train_step_logs_is_told_at_its_step(tmp_path, lr):
+    """Only `loss` was judged between samples: a NaN here was not told at all (the weights these optimizers train
+    are not captured without wrap_optimizer)."""
+    keras.utils.set_random_seed(0)
+    model = OwnLosses()
+    model.compile(keras.optimizers.SGD(lr), keras.optimizers.SGD(lr))
+    nan_at = []  # the steps whose logged loss is not finite
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if not np.isfinite(logs["head_loss"]):
+                nan_at.append(batch)
+
+    cb = TripwireCallback({"rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}],
+                           "sampling": {"every": 10}}, out_dir=tmp_path / "run")
+    (x, y), _ = helpers.digits()
+    model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, callbacks=[Watch(), cb])
+    if lr == 0.1:
+        assert np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y) > 0.9  # it learns
+        assert not fired(cb.run_url) and not nan_at
+        return
+    assert nan_at[0] % 10 != 0 and fired(cb.run_url)["exploding_tensor"].step == nan_at[0]  # unsampled
+    assert nan_at == [nan_at[0]] and tripwire.open_run(cb.run_url).info["status"] == "stopped"
+
+
 def test_gradients_that_bypass_the_optimizer_are_reported_missing(tmp_path, caplog):
     keras.utils.set_random_seed(0)
     model = ManualStep([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])

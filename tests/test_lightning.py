@@ -49,6 +49,47 @@ def test_nan_stops_training_at_the_step_it_appears(tmp_path):
     assert verdict.hint and "learning rate" in verdict.hint
 
 
+def manual_optimisation(module):
+    """`module` (a helpers.classifier) trained by manual optimisation, as a custom step is written: its
+    training_step clears, back-propagates and steps itself, returns nothing, and notes the first step whose loss
+    is not finite (`nan_at`)."""
+
+    class Manual(type(module)):
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            loss = torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+            if not torch.isfinite(loss) and self.nan_at is None:
+                self.nan_at = self.trainer.global_step
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+    module.__class__, module.automatic_optimization, module.nan_at = Manual, False, None
+    return module
+
+
+@pytest.mark.parametrize("lr", [50.0, 0.1])
+def test_manual_optimisation_nan_stops_training_at_the_step_it_appears(tmp_path, lr):
+    """Manual optimisation hands tripwire no closure and returns no loss: each manual_backward's loss is judged
+    (on_before_backward), so a NaN between samples stops training at its step, as in automatic optimisation; the
+    sampled steps record it as the step's loss."""
+    config = {"sampling": {"every": 5}, "rules": [{"rule": "exploding_tensor", "actions": ["log", "stop"]}],
+              "collections": {"weights": {}}}
+    cb = TripwireCallback(config, out_dir=tmp_path / "run")
+    module = manual_optimisation(helpers.mlp_module(lr=lr))
+    trainer = helpers.fit(cb, module, max_epochs=2)
+    run = tripwire.open_run(cb.run_url)
+    if lr == 0.1:
+        assert module.nan_at is None and trainer.callback_metrics["val_loss"] < 0.6  # it learns (2.3 untrained)
+        assert fired(cb.run_url) == {} and run.info["status"] == "finished"
+        steps, losses = run.tensor("losses/train").series("value")
+        assert steps.tolist() == list(range(0, trainer.global_step, 5)) and np.isfinite(losses).all()
+        return
+    verdict = fired(cb.run_url)["exploding_tensor"]
+    assert module.nan_at % 5 != 0 and verdict.step == module.nan_at  # an unsampled step, told at that step
+    assert trainer.global_step == verdict.step + 1 and run.info["status"] == "stopped"
+
+
 def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):
     cb = TripwireCallback(None, out_dir=tmp_path / "healthy")
     trainer = helpers.fit(cb, max_epochs=3)

@@ -34,7 +34,7 @@ from tripwire.core.sinks import EventFileSink, siblings
 from .capture import StepCapture
 from .firststep import first_step
 from .hooks import hook_model
-from .steploss import StepLosses
+from .steploss import StepLosses, nonfinite_logged_loss
 from .structure import describe
 
 log = logging.getLogger("tripwire")
@@ -169,7 +169,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if not self._sampled:  # Keras hands the loss over on the host anyway: a NaN is acted on at its step
             if logs and self._recorder is not None:
                 self._keep_loss(self._base + batch, batch, logs, taken=False)
-                decision = self._recorder.check_loss(self._base + batch, logs.get("loss"), self._origin())
+                decision = self._recorder.check_loss(self._base + batch, nonfinite_logged_loss(logs), self._origin())
                 if decision is not None:
                     self._decide(decision, self._base + batch)
             if self._counted is not None and self._base + batch == self._counted[1] + SKIPPED_STEPS and \
@@ -201,10 +201,8 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._counted is not None and "relations" in plans:
             values["relations/skipped_steps"] = {"value": float(self._skipped(step))}
         # a NaN in the loss Keras logs joins a sample that does not hold the loss (one sampled for other collections)
-        logged = (logs or {}).get("loss")
-        nonfinite = logged is not None and np.ndim(logged) == 0 and not np.isfinite(float(logged))
         self._decide(self._recorder.record(step, "train", {**values, **self._origin()}, tensors,
-                                           loss=float(logged) if nonfinite else None), step)
+                                           loss=nonfinite_logged_loss(logs)), step)
 
     def _origin(self) -> dict:
         """{`origin/<layer>`: facts} of the step just run, where its loss was not finite (once); else {}."""

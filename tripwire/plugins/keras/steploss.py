@@ -1,5 +1,6 @@
 """The loss of each training step, told from the loss Keras logs: Keras hands its callbacks the mean over the
-epoch's batches so far, on the host at every step, not the step's own loss (what loss_spike judges)."""
+epoch's batches so far, on the host at every step, not the step's own loss (what loss_spike judges); and a
+non-finite one among the losses a step logs."""
 
 from __future__ import annotations
 
@@ -31,3 +32,18 @@ class StepLosses:
             return mean if batch < self.span else None
         before, earlier = last
         return ((batch + 1) * mean - (before + 1) * earlier) / (batch - before)
+
+
+def nonfinite_logged_loss(logs) -> float | None:
+    """The first non-finite training loss among those Keras logs after a step, None where each is finite: `loss`,
+    and those a train step of the user's own returns under names of its own (a GAN's `d_loss` and `g_loss`;
+    `<output>_loss` of a model with several outputs). Any of them NaN is a NaN in training."""
+    for key, value in (logs or {}).items():
+        if key == "loss" or key.endswith("_loss"):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):  # not one number
+                continue
+            if not math.isfinite(value):
+                return value
+    return None

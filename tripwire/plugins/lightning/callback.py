@@ -103,6 +103,7 @@ class TripwireCallback(*_callback_bases()):
         self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
         self._eval_keys: set = set()
         self._losses: list = []  # the losses of a sampled step's micro-batches so far
+        self._backward_losses: list = []  # manual optimisation: those of a sampled step's manual_backward calls
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
@@ -182,6 +183,8 @@ class TripwireCallback(*_callback_bases()):
             trainer.num_training_batches > 1 else None
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
+        if "losses" in self._plan and not pl_module.automatic_optimization:  # no closure hands over the loss
+            self.__dict__["on_before_backward"] = self._on_manual_backward
         self._norms = GradientNorms() if GRADIENT_NORM in self._recorder.streamed else None
         self._listen(self._sampled)
         return self._recorder.run_url
@@ -198,6 +201,7 @@ class TripwireCallback(*_callback_bases()):
             handle.remove()
         self._watching, self._wake_at, self._alive = [], None, None
         self.__dict__.pop("on_train_batch_start", None)
+        self.__dict__.pop("on_before_backward", None)
         if self._discards is not None:
             self._discards.remove()
             self._discards = None
@@ -232,7 +236,7 @@ class TripwireCallback(*_callback_bases()):
             self._capture.new_forward()
             self._take_batch(batch)
         else:
-            self._losses = []
+            self._losses, self._backward_losses = [], []
             sampled = self._capture.begin("train", step)
             if sampled:
                 if step > 0:  # a new step follows an optimizer step: its gradients must start cleared
@@ -364,6 +368,22 @@ class TripwireCallback(*_callback_bases()):
         (_, found), self._origin = self._origin, None
         return found
 
+    def _on_manual_backward(self, trainer, pl_module, loss) -> None:
+        """Manual optimisation's `on_before_backward`: the loss of each `manual_backward` (no closure hands it over,
+        and a training_step need return nothing). Between samples it is judged for NaN/Inf, at this step, as
+        automatic optimisation's closure loss is (one process only, as there); a sampled step keeps it, for
+        the step's loss where its training_step returns none. Under a GradScaler the loss comes scaled: judged,
+        not kept."""
+        step = trainer.global_step
+        if self._sampled:
+            if not self._scaled and hasattr(loss, "detach"):
+                self._backward_losses.append(loss.detach())
+        elif trainer.world_size == 1:
+            found = self._loss_watch.see(step, loss)
+            if found is not None and self._nonfinite is None:  # the step's first; told at the batch's end
+                self._nonfinite = found
+                self.__dict__.pop("on_train_batch_end", None)
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         """The gradients, after the loss scale is removed and before clipping."""
         if self._norms is not None:
@@ -401,6 +421,9 @@ class TripwireCallback(*_callback_bases()):
                 # automatic optimisation divides each micro-batch's loss by their number; undone here
                 scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
                 self._losses.append(loss.detach() * scale if hasattr(loss, "detach") else loss)
+            else:  # manual optimisation's step that returns no loss: the mean of its backward passes' losses
+                self._losses += self._backward_losses
+            self._backward_losses = []
             if isinstance(outputs, dict) and capture.wants("predictions"):
                 for key in PREDICTION_KEYS:
                     if key in outputs:
