@@ -312,27 +312,51 @@ class GAN(L.LightningModule):
     def forward(self, z):
         return self.generator(z)
 
+    lr = 1e-3
+
     def training_step(self, batch, batch_idx):
         (real,) = batch
         generator_optimizer, discriminator_optimizer = self.optimizers()
         fake = self(torch.randn(len(real), self.latent, device=self.device))
-        real_score, fake_score = self.discriminator(real), self.discriminator(fake.detach())
-        d_loss = (F.binary_cross_entropy_with_logits(real_score, torch.ones_like(real_score))
-                  + F.binary_cross_entropy_with_logits(fake_score, torch.zeros_like(fake_score)))
+        d_loss = self.discriminator_loss(self.discriminator(real), self.discriminator(fake.detach()))
         discriminator_optimizer.zero_grad()
         self.manual_backward(d_loss)
         discriminator_optimizer.step()
-        fake_score = self.discriminator(fake)
-        g_loss = F.binary_cross_entropy_with_logits(fake_score, torch.ones_like(fake_score))
+        g_loss = self.generator_loss(self.discriminator(fake))
         generator_optimizer.zero_grad()
         self.manual_backward(g_loss)
         generator_optimizer.step()
         self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
 
+    @staticmethod
+    def discriminator_loss(real_score, fake_score):
+        return (F.binary_cross_entropy_with_logits(real_score, torch.ones_like(real_score))
+                + F.binary_cross_entropy_with_logits(fake_score, torch.zeros_like(fake_score)))
+
+    @staticmethod
+    def generator_loss(fake_score):
+        return F.binary_cross_entropy_with_logits(fake_score, torch.ones_like(fake_score))
+
     def configure_optimizers(self):
         betas = (0.5, 0.999)
-        return (torch.optim.Adam(self.generator.parameters(), lr=1e-3, betas=betas),
-                torch.optim.Adam(self.discriminator.parameters(), lr=1e-3, betas=betas))
+        return (torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas),
+                torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas))
+
+
+class LogLossGAN(GAN):
+    """The GAN with its losses written out by hand, -log D(x) - log(1 - D(G(z))) through a sigmoid, at a rate (5e-2)
+    that lets the discriminator grow sure of itself: once a sigmoid rounds to exactly 0 or 1 in float32, a log gives
+    -inf, the loss inf and every gradient after it NaN (binary_cross_entropy_with_logits computes it stably)."""
+
+    lr = 5e-2
+
+    @staticmethod
+    def discriminator_loss(real_score, fake_score):
+        return -(torch.log(torch.sigmoid(real_score)).mean() + torch.log(1 - torch.sigmoid(fake_score)).mean())
+
+    @staticmethod
+    def generator_loss(fake_score):
+        return -torch.log(torch.sigmoid(fake_score)).mean()
 
 
 def fit(attach, module, train: DataLoader, val: DataLoader | None, epochs: int, trainer_class=L.Trainer,
@@ -513,13 +537,13 @@ def autoencoder(attach, long):
     return reached("val_mse / variance", error / float(xv.var()), 0.5, steps, higher=False)
 
 
-def gan(attach, long):
+def gan(attach, long, module_class=GAN, epochs=(40, 120)):
     """A GAN learning a 2-D mixture of four Gaussians; learned: >= 60% of generated points within 1.0 of a mode
     (86% of real ones are) and every mode holding >= 10% of them."""
     torch.manual_seed(0)
     points = gaussian_mixture()
-    model = GAN()
-    steps = fit(attach, model, loader(points, batch_size=64), None, (40, 120)[long])
+    model = module_class()
+    steps = fit(attach, model, loader(points, batch_size=64), None, epochs[long])
     model.eval()
     with torch.no_grad():
         generated = model(torch.randn(4096, model.latent)).numpy()
@@ -1005,6 +1029,12 @@ class ForgetsStep(ManualClassifier):
         self.log("train_loss", loss)
 
 
+def gan_log_loss(attach, long):
+    """The GAN whose hand-written log losses go inf at global step 28 (the 15th batch's discriminator loss: each
+    batch steps both optimizers, and Lightning counts both)."""
+    return gan(attach, long, LogLossGAN, epochs=(3, 6))
+
+
 def manual_step_forgotten(attach, long):
     """The ReLU MLP under manual optimisation whose training_step never calls optimizer.step() (Lightning counts
     optimizer steps: its step stays at 0)."""
@@ -1107,6 +1137,9 @@ CASES: list[Case] = [
     Case("lightning", "manual_zero_grad_before_step", manual_zero_grad_before_step,
          fault="manual optimisation: zero_grad() between manual_backward() and step()",
          catch=("training_relations",), tags=SILENT),
+    Case("lightning", "gan_log_loss", gan_log_loss,
+         fault="GAN losses as log(sigmoid) by hand at lr 5e-2: log(0) once the discriminator saturates",
+         catch=("exploding_tensor",), onset=28),
     Case("lightning", "manual_step_forgotten", manual_step_forgotten,
          fault="manual optimisation: optimizer.step() never called", catch=("training_relations",),
          tags=SILENT),
