@@ -49,10 +49,11 @@ def test_nan_stops_training_at_the_step_it_appears(tmp_path):
     assert verdict.hint and "learning rate" in verdict.hint
 
 
-def manual_optimisation(module):
+def manual_optimisation(module, accumulate: int = 1):
     """`module` (a helpers.classifier) trained by manual optimisation, as a custom step is written: its
-    training_step clears, back-propagates and steps itself, returns nothing, and notes the first step whose loss
-    is not finite (`nan_at`)."""
+    training_step back-propagates, steps and clears itself (every `accumulate` batches, each loss divided by that
+    number, as Lightning's docs accumulate), returns nothing, and notes the first step whose loss is not finite
+    (`nan_at`)."""
 
     class Manual(type(module)):
         def training_step(self, batch, batch_idx):
@@ -60,9 +61,10 @@ def manual_optimisation(module):
             loss = torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
             if not torch.isfinite(loss) and self.nan_at is None:
                 self.nan_at = self.trainer.global_step
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            optimizer.step()
+            self.manual_backward(loss / accumulate)
+            if (batch_idx + 1) % accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad()
 
     module.__class__, module.automatic_optimization, module.nan_at = Manual, False, None
     return module
@@ -88,6 +90,19 @@ def test_manual_optimisation_nan_stops_training_at_the_step_it_appears(tmp_path,
     verdict = fired(cb.run_url)["exploding_tensor"]
     assert module.nan_at % 5 != 0 and verdict.step == module.nan_at  # an unsampled step, told at that step
     assert trainer.global_step == verdict.step + 1 and run.info["status"] == "stopped"
+
+
+def test_manual_accumulation_tells_no_step_loss_from_its_scaled_losses(tmp_path):
+    """Accumulating by hand, the losses handed to manual_backward are divided by the batches a step spans: a mean of
+    them would be a step's loss 4 times too small (and the first evaluation 4 times its start), so none is told."""
+    cb = TripwireCallback({"sampling": {"every": 5}, "rules": ["exploding_tensor", "first_evaluation"]},
+                          out_dir=tmp_path / "run")
+    module = manual_optimisation(helpers.mlp_module(lr=0.4), accumulate=4)
+    trainer = helpers.fit(cb, module, max_epochs=4)
+    assert trainer.global_step == 4 * (43 // 4) and trainer.callback_metrics["val_loss"] < 0.6  # it learns
+    run = tripwire.open_run(cb.run_url)
+    assert "losses/train" not in run.tensor_names() and run.steps("train")[:3] == [0, 5, 10]
+    assert fired(cb.run_url) == {}
 
 
 def test_healthy_run_fires_nothing_with_the_default_config(tmp_path):

@@ -103,7 +103,8 @@ class TripwireCallback(*_callback_bases()):
         self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
         self._eval_keys: set = set()
         self._losses: list = []  # the losses of a sampled step's micro-batches so far
-        self._backward_losses: list = []  # manual optimisation: those of a sampled step's manual_backward calls
+        # manual optimisation: the losses of a sampled step's manual_backward calls (None: the step spans batches)
+        self._backward_losses: list | None = []
         self._batch_step = 0  # the global step when the current batch began
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._loss_watch = LossWatch()  # judges the loss of the steps between samples for NaN/Inf, and keeps it
@@ -376,7 +377,7 @@ class TripwireCallback(*_callback_bases()):
         not kept."""
         step = trainer.global_step
         if self._sampled:
-            if not self._scaled and hasattr(loss, "detach"):
+            if not self._scaled and hasattr(loss, "detach") and self._backward_losses is not None:
                 self._backward_losses.append(loss.detach())
         elif trainer.world_size == 1:
             found = self._loss_watch.see(step, loss)
@@ -421,9 +422,11 @@ class TripwireCallback(*_callback_bases()):
                 # automatic optimisation divides each micro-batch's loss by their number; undone here
                 scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
                 self._losses.append(loss.detach() * scale if hasattr(loss, "detach") else loss)
-            else:  # manual optimisation's step that returns no loss: the mean of its backward passes' losses
-                self._losses += self._backward_losses
-            self._backward_losses = []
+            elif stepped and self._backward_losses:  # manual optimisation's batch that returns no loss and steps:
+                self._losses += self._backward_losses  # the mean of its backward passes' losses
+            # one that spans several batches (accumulation) scales its losses as it likes (loss / N, as
+            # Lightning's docs do): no step's loss is told from them, lest it be N times too small
+            self._backward_losses = [] if stepped else None
             if isinstance(outputs, dict) and capture.wants("predictions"):
                 for key in PREDICTION_KEYS:
                     if key in outputs:
