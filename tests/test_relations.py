@@ -578,6 +578,42 @@ def test_an_update_check_names_the_step_it_broke_at():
     assert told == [None, None, None, 3, None]
 
 
+def through_data(optimizer) -> None:
+    """An SGD step written through `.data`, as many optimizers of one's own are: torch does not count the write
+    (the parameter's version stays), but the values change."""
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.data.add_(p.grad, alpha=-group["lr"])
+
+
+@pytest.mark.parametrize("writes", ["step", "through .data", "fused Adam", "step, then through .data"])
+@pytest.mark.parametrize("stops_at", [None, 8])
+def test_an_update_check_trusts_a_version_only_where_it_moved_with_every_change(writes, stops_at):
+    """After 4 steps that changed the witness and moved its version, an optimizer is judged by the version alone
+    (no copy, no comparison); where a step changes it without moving the version (a write through `.data`, fused
+    Adam on the CPU), from the start or once trusted, its steps are compared again: no false alarm. A step that
+    stops writing is told at the second such step in a row, trusted or not."""
+    x, y = digits()
+    model = net()
+    fused = writes == "fused Adam"
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if fused else \
+        torch.optim.SGD(model.parameters(), lr=0.05)
+    watch, told = UpdateWatch(), []
+    for step in range(16):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[:32]), y[:32]).backward()
+        watch.before(optimizer)
+        if stops_at is not None and step >= stops_at:
+            pass  # the update is no longer applied
+        elif writes == "through .data" or (writes == "step, then through .data" and step >= 6):
+            through_data(optimizer)
+        else:
+            optimizer.step()
+        told.append(watch.after(optimizer, step))
+    assert told == [None] * 16 if stops_at is None else [None] * 9 + [9] + [None] * 6
+
+
 def test_an_empty_parameter_is_no_witness(caplog):
     """An empty parameter is the smallest of all: the witness it made had no largest value to read, and the check
     turned itself off with a warning on a healthy model. A step that changes nothing is still told."""

@@ -300,9 +300,17 @@ class UpdateWatch:
     so that no step waits, and told with the step it was about. A step that left the witness unchanged although
     its gradient was not zero, and although an update of `lr x largest |gradient|` would have shown in its dtype
     (late in a schedule, or in bf16, an update can round away), is broken; two of an optimizer's steps in a row
-    are told, once per run. LBFGS is not judged: a converged search step changes nothing by design."""
+    are told, once per run. LBFGS is not judged: a converged search step changes nothing by design.
+
+    Most optimizers write their parameters with operations torch counts (the tensor's version goes up); some do
+    not (fused Adam on the CPU, a step through `.data`). Once TRUSTED steps in a row of an optimizer each changed
+    the witness and moved its version, its version alone says whether a step wrote it: no copy, no comparison,
+    no kernel. A step that leaves the version where it was is judged as unchanged (it wrote nothing), and the
+    optimizer's next steps are compared again, until they earn that trust back; an optimizer whose step changed
+    the witness without moving its version is compared at every step."""
 
     IN_A_ROW = 2
+    TRUSTED = 4
 
     def __init__(self):
         self._candidates: dict = {}  # id(optimizer) -> (parameter count, [(parameter, its group)] smallest first)
@@ -311,6 +319,8 @@ class UpdateWatch:
         self._judged: dict = {}  # id(optimizer) -> steps of it judged so far (dropped reads included)
         self._broken: dict = {}  # id(optimizer) -> (the last judged step's number among them, steps in a row broken)
         self._answers = LateRead(width=3, dtype=torch.float32)  # (changed or max |change|, max |grad|, max |before|)
+        self._trust: dict = {}  # id(optimizer) -> its steps in a row that changed the witness and moved its
+        # version; None where one changed it without moving it
         self.told = False
 
     def before(self, optimizer) -> None:
@@ -348,7 +358,10 @@ class UpdateWatch:
             rate = group.get("lr")
             if not _positive(rate):
                 continue
-            self._copies[id(optimizer)] = (param, self._copy(id(optimizer), param.detach()), grad, float(rate))
+            key = id(optimizer)
+            trusted = (self._trust.get(key) or 0) >= self.TRUSTED
+            self._copies[key] = (param, None if trusted else self._copy(key, param.detach()), grad, float(rate),
+                                 param._version)
             return
 
     def _copy(self, key: int, value: torch.Tensor) -> torch.Tensor:
@@ -366,10 +379,15 @@ class UpdateWatch:
     def _after(self, optimizer, step: int) -> int | None:
         copied = self._copies.pop(id(optimizer), None)
         if copied is not None:
-            param, before, grad, rate = copied
+            param, before, grad, rate, version = copied
             key = id(optimizer)
             judged = self._judged[key] = self._judged.get(key, 0) + 1
-            payload = (key, judged, step, rate, before.dtype)
+            written = param._version != version
+            payload = (key, judged, step, rate, param.dtype, written)
+            if before is None:  # trusted: the version says
+                if written:
+                    return self._judge(self._answers.ready() + [(payload, (1.0, 0.0, 0.0))])
+                self._trust[key], before = 0, param.detach()  # as it was: judged unchanged, compared from now on
             if param.device.type == "cpu":  # judged at once, the cheap comparison first
                 changed = not torch.equal(param.detach(), before)  # one call, no tensor made (NaN counts as changed)
                 answer = (1.0, 0.0, 0.0) if changed else (0.0, float(_largest(grad)), float(_largest(before)))
@@ -383,7 +401,9 @@ class UpdateWatch:
         """The answers read by now, in order: a step broken where it left the witness unchanged although its
         gradient was not zero and an update of `lr x largest |gradient|` is far above the rounding of the
         witness's largest value in its dtype (16 units in the last place)."""
-        for (key, judged, step, rate, dtype), (changed, largest_gradient, largest_value) in answers:
+        for (key, judged, step, rate, dtype, written), (changed, largest_gradient, largest_value) in answers:
+            if changed and self._trust.get(key, 0) is not None:  # the version moved with the change, or did not
+                self._trust[key] = self._trust.get(key, 0) + 1 if written else None
             broken = changed == 0 and largest_gradient > 0 and \
                 rate * largest_gradient > 16 * torch.finfo(dtype).eps * largest_value
             last, in_a_row = self._broken.get(key, (0, 0))
