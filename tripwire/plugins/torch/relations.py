@@ -303,9 +303,8 @@ class UpdateWatch:
     are told, once per run. LBFGS is not judged: a converged search step changes nothing by design.
 
     Most optimizers write their parameters with operations torch counts (the tensor's version goes up); some do
-    not (fused Adam on the CPU, a step through `.data`). Once TRUSTED steps in a row of an optimizer each changed
-    the witness and moved its version, its version alone says whether a step wrote it: no copy, no comparison,
-    no kernel. A step that leaves the version where it was is judged as unchanged (it wrote nothing), and the
+    not (fused Adam on the CPU, a step through `.data`). Once TRUSTED steps of an optimizer changed the witness,
+    each moving its version, its version alone says whether a step wrote it: no copy, no comparison, no kernel. A step that leaves the version where it was is judged as unchanged (it wrote nothing), and the
     optimizer's next steps are compared again, until they earn that trust back; an optimizer whose step changed
     the witness without moving its version is compared at every step."""
 
@@ -319,8 +318,8 @@ class UpdateWatch:
         self._judged: dict = {}  # id(optimizer) -> steps of it judged so far (dropped reads included)
         self._broken: dict = {}  # id(optimizer) -> (the last judged step's number among them, steps in a row broken)
         self._answers = LateRead(width=3, dtype=torch.float32)  # (changed or max |change|, max |grad|, max |before|)
-        self._trust: dict = {}  # id(optimizer) -> its steps in a row that changed the witness and moved its
-        # version; None where one changed it without moving it
+        self._trust: dict = {}  # id(optimizer) -> its steps (since it was last compared again) that changed the
+        # witness and moved its version; None where one changed it without moving it
         self.told = False
 
     def before(self, optimizer) -> None:
