@@ -304,7 +304,8 @@ class UpdateWatch:
 
     Most optimizers write their parameters with operations torch counts (the tensor's version goes up); some do
     not (fused Adam on the CPU, a step through `.data`). Once TRUSTED steps of an optimizer changed the witness,
-    each moving its version, its version alone says whether a step wrote it: no copy, no comparison, no kernel. A step that leaves the version where it was is judged as unchanged (it wrote nothing), and the
+    each moving its version, its version alone says whether a step wrote it: no copy, no comparison, no kernel.
+    A step that leaves the version where it was is judged as unchanged (it wrote nothing), and the
     optimizer's next steps are compared again, until they earn that trust back; an optimizer whose step changed
     the witness without moving its version is compared at every step."""
 
