@@ -33,20 +33,22 @@ def hand_written_nll(logits, y):
     return -torch.log(torch.softmax(logits, dim=1)[torch.arange(len(y)), y]).mean()
 
 
-def probe_fit(out, *, scale_input_at=None, scale_logits_at=None, steps=40, device="cpu"):
+def probe_fit(out, *, scale_input_at=None, scale_logits_at=None, steps=40, device="cpu", in_parts=False):
     """A plain loop over digits; `scale_input_at`: the step whose batch is multiplied by 1e20 (unscaled data:
     the squared features overflow), `scale_logits_at`: the step whose logits are multiplied by 1e4 in a
-    hand-written loss. Returns the probe and the losses."""
+    hand-written loss; `in_parts`: the probe is given an nn.ModuleDict of the features and the last layer, which
+    the loop calls one after the other. Returns the probe and the losses."""
     net = squared_features().to(device)
+    model = torch.nn.ModuleDict({"features": net[:-1], "head": net[-1]}) if in_parts else net
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     data, losses = batches(), []
-    with TripwireProbe(net, optimizer, out_dir=out) as probe:  # the default config
+    with TripwireProbe(model, optimizer, out_dir=out) as probe:  # the default config
         for step in range(steps):
             x, y = (t.to(device) for t in data[step % len(data)])
             if step == scale_input_at:
                 x = x * 1e20
             optimizer.zero_grad()
-            logits = net(x)
+            logits = model["head"](model["features"](x)) if in_parts else net(x)
             loss = hand_written_nll(logits * (1e4 if step == scale_logits_at else 1.0), y)
             loss.backward()
             optimizer.step()
@@ -72,6 +74,23 @@ def test_probe_names_the_module_that_overflowed_at_the_step_it_did(tmp_path):
     assert run.tensor("origin/3").reduction(13, "nonfinite_count") > 0
     assert run.tensor("origin/3").reduction(13, "input_max_abs") > 1e19  # finite, and large enough to overflow
     assert [n for n in run.tensor_names() if n.startswith("origin/")] == ["origin/3"]
+
+
+@pytest.mark.parametrize("scale_input_at", [13, None], ids=["overflow", "healthy"])
+def test_a_model_in_parts_the_loop_calls_one_by_one_is_seen_from_their_forwards(tmp_path, scale_input_at):
+    """An nn.ModuleDict has no forward (a GAN's generator and discriminator, an encoder and a head the loop calls in
+    turn): the probe watches the forwards of the parts it holds. The step begins at the first, so its inputs and
+    every part's activations are captured (a GAN's generator was never seen: the step began at the optimizer's
+    step), and a NaN is traced to the part's module it began in."""
+    probe, losses = probe_fit(tmp_path / "run", scale_input_at=scale_input_at, steps=80, in_parts=True)
+    run = tripwire.open_run(probe.run_url)
+    assert {"inputs/x", "activations/features.1"} <= set(run.tensor_names())  # the ReLU
+    if scale_input_at is None:
+        assert not [v for v in probe.verdicts if v.fired and v.severity in ("error", "warning")]
+        assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:10]) / 10  # it learns
+    else:
+        assert nan_verdict(probe).step == 13 and "It began in `features.3`" in nan_verdict(probe).message
+        assert [n for n in run.tensor_names() if n.startswith("origin/")] == ["origin/features.3"]
 
 
 def test_probe_names_the_loss_where_the_model_output_was_finite(tmp_path):

@@ -128,11 +128,12 @@ def test_healthy_loops_break_no_relation(tmp_path, clear, accumulate):
 
 @pytest.mark.parametrize("clears_d", [True, False], ids=["dcgan", "discriminator_never_cleared"])
 def test_a_gan_whose_container_the_loop_never_calls_is_judged_from_its_first_backward(tmp_path, clears_d):
-    """pytorch/examples' DCGAN loop, the probe given both networks in a container the loop never calls: the step
-    begins at the discriminator's optimizer step, after its backward passes. Gradient hooks made then saw only the
-    generator's backward, which lands on the discriminator's applied gradient (cleared at the next iteration, never
-    applied): "8 parameters not cleared", an error on a healthy GAN. The gradients are now watched from the end of
-    the step before; a discriminator that is never cleared is still an error at step 1."""
+    """pytorch/examples' DCGAN loop, the probe given both networks in a container the loop never calls. When the
+    step began at the discriminator's optimizer step, after its backward passes, gradient hooks made then saw only
+    the generator's backward, which lands on the discriminator's applied gradient (cleared at the next iteration,
+    never applied): "8 parameters not cleared", an error on a healthy GAN. The gradients are watched from the end
+    of the step before (and the step now begins at the first network's forward); a discriminator that is never
+    cleared is still an error at step 1."""
     torch.manual_seed(0)
     x, _ = digits()
     generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 64), nn.Tanh())

@@ -65,7 +65,7 @@ from .reduce import Reductions
 from .relations import (MODE_DEPENDENT, DiscardedGradients, UpdateWatch, eval_mode_modules, overflowed,
                         stepping, train_mode_modules)
 from .replicas import Replicas
-from .structure import describe
+from .structure import called_modules, describe
 
 log = logging.getLogger("tripwire")
 
@@ -121,9 +121,11 @@ class TripwireProbe:
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
         self._train_mode_eval_said = self._eval_mode_said  # and an evaluation in train mode, likewise
         self._sampled = False
-        # where a NaN begins, while none has been seen: the step's last training forward (arguments and output,
-        # references), judged before the optimizer's update (`_look_for_origin`)
-        self._forward = None
+        # where a NaN begins, while none has been seen: the step's last training call of each module the loop calls
+        # (the model, or each of the parts it holds), in the order of those calls: {module: (args, kwargs, output)},
+        # references; the last call's output is judged before the optimizer's update (`_look_for_origin`)
+        self._last_calls: dict = {}
+        self._output_finite = None  # what that judged, until another call
         self._origin = None  # (step, {origin/<path>: facts}) found before the update of that step
         # one process only: a replayed forward of a DDP model would wait in collectives the other ranks never join
         self._seek_origin = "losses" in self._recorder.plan.collections and not _several_processes()
@@ -133,8 +135,9 @@ class TripwireProbe:
         # over the first steps, until an optimizer steps: gradients cleared that no optimizer applied
         self._discards = DiscardedGradients(self.optimizers) \
             if "relations" in self._recorder.plan.collections and self.optimizers else None
-        self._hooks = [model.register_forward_pre_hook(self._on_forward),
-                       model.register_forward_hook(self._after_forward, with_kwargs=True)]
+        self._hooks = [hook for called in called_modules(model)
+                       for hook in (called.register_forward_pre_hook(self._on_forward),
+                                    called.register_forward_hook(self._after_forward, with_kwargs=True))]
         self._hooks += [o.register_step_pre_hook(self._on_optimizer_step) for o in self.optimizers]
         self._hooks += [o.register_step_post_hook(self._after_optimizer_step) for o in self.optimizers]
         self._capture.watching_steps = bool(self.optimizers)  # a step no optimizer took changed no parameter
@@ -314,7 +317,9 @@ class TripwireProbe:
         if module.training:
             self._capture.new_forward()
         if self._seek_origin and module.training:
-            self._forward = (args, kwargs, output, None)
+            self._last_calls.pop(module, None)
+            self._last_calls[module] = (args, kwargs, output)
+            self._output_finite = None
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         closure = step_closure(args, kwargs) is not None
@@ -328,7 +333,7 @@ class TripwireProbe:
         self._capture.stepped(optimizer)
         if self._sampled:  # a closure (LBFGS) computes the step's gradients inside the step, after this hook
             self._capture.before_optimizer_step(optimizer, gradients_later=closure)
-        if self._forward is not None and self._forward[3] is None and not closure:
+        if self._last_calls and self._output_finite is None and not closure:
             self._look_for_origin()
         if self._norms is not None and not closure:  # a GradScaler's step calls this after removing its scale
             self._norms.see(self.global_step, optimizer, self._recorder)
@@ -338,31 +343,34 @@ class TripwireProbe:
     def _look_for_origin(self) -> None:
         """Before the update: whether the step's model output is finite (read at once on the CPU, about the cost of
         a loss read; not judged on an accelerator, where reading would wait for it). Where it is not, the forward
-        runs again, from the state it ran in, to find the module where the NaN began (tripwire...origin)."""
-        args, kwargs, output, _ = self._forward
+        runs again, from the state it ran in, to find the module where the NaN began (tripwire...origin): the call of
+        the first part whose output holds it, where the loop calls the model's parts one by one."""
+        calls = list(self._last_calls.items())
         try:
-            finite = finite_on_host(output)
+            finite = finite_on_host(calls[-1][1][2])
         except Exception as exc:  # noqa: BLE001 - an output tripwire cannot read must not stop training
             log.debug("tripwire: the model's output could not be read for NaN (%s: %s)", type(exc).__name__, exc)
             finite = None
-        self._forward = (args, kwargs, output, finite)
+        self._output_finite = finite
         if finite is None:  # on an accelerator, or nothing to judge: not sought again
             self._seek_origin = False
         elif finite is False:
             self._seek_origin = False
-            self._origin = (self.global_step, find_origin(self.model, lambda: self.model(*args, **kwargs)))
+            module, (args, kwargs, _) = next(call for call in calls if finite_on_host(call[1][2]) is False)
+            self._origin = (self.global_step, find_origin(self.model, lambda: module(*args, **kwargs)))
 
     def _origin_of(self, step: int, nonfinite_loss: bool) -> dict:
         """Where this step's NaN began: the module the replay found before the update, or, for a non-finite loss,
-        the loss itself where the model's output was seen finite. {} otherwise. Lets go of the step's forward."""
-        forward, self._forward = self._forward, None
+        the loss itself where the model's output was seen finite. {} otherwise. Lets go of the step's calls."""
+        calls, self._last_calls = self._last_calls, {}
+        finite, self._output_finite = self._output_finite, None
         if self._origin is not None:
             (at, found), self._origin = self._origin, None
             return found if at == step else {}
-        if not nonfinite_loss or forward is None or forward[3] is not True:
+        if not nonfinite_loss or not calls or finite is not True:
             return {}
         self._seek_origin = False
-        return loss_origin(forward[2])
+        return loss_origin(list(calls.values())[-1][2])
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_step = None

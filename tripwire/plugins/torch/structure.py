@@ -61,6 +61,16 @@ def unwrapped(model: nn.Module) -> nn.Module:
     return model
 
 
+def called_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules a training loop calls: the model itself, or, where it has no forward of its own (an
+    `nn.ModuleDict` holding a GAN's two networks, which the loop calls one by one), each of its children with
+    parameters that has, found the same way. Empty where none has (each layer's `forward` called by hand)."""
+    if getattr(model.forward, "__func__", None) is not nn.Module.forward:  # torch.compile's sets an instance's
+        return [model]
+    return [called for child in model.children() if next(child.parameters(), None) is not None
+            for called in called_modules(child)]
+
+
 def _user_path(model: nn.Module, path: str) -> str:
     """`path` of a module or parameter in `model` without the segments of the wrappers on the way (_WRAPPERS)."""
     kept, module = [], model
