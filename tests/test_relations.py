@@ -202,6 +202,42 @@ def test_a_loss_at_its_minimum_has_no_gradient_and_breaks_nothing(tmp_path):
     assert [v.message for v in run.verdicts() if v.fired] == []
 
 
+@pytest.mark.parametrize("clear", ["before_forward", "before_step"])
+def test_a_chunk_at_its_minimum_among_chunks_with_gradients_breaks_nothing(tmp_path, clear):
+    """A linear SVM stepped once per chunk of 4 samples, four chunks a step: once its hinge loss is 0 on a chunk
+    (every sample beyond the margin), that chunk's gradient is exactly 0 while the step's loss, the chunks' mean,
+    is not: "none of the parameters had a gradient", an error on a model that learns. An optimizer that applied a
+    gradient at another of its steps is not one whose gradients are cleared; cleared before every step, it is."""
+    generator = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (640,), generator=generator).float() * 2 - 1
+    x = torch.randn(640, 2, generator=generator) + 1.5 * y[:, None]
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = {"sampling": {"every": 1}, "rules": ["training_relations"], "collections": {"losses": {}}}
+    some_at_zero = 0  # steps with a chunk at 0 and a mean above it
+    with TripwireProbe(model, optimizer, config, out_dir=tmp_path / "run") as probe:
+        for step in range(40):
+            losses = []
+            for i in range(16 * step, 16 * step + 16, 4):
+                if clear == "before_forward":
+                    optimizer.zero_grad()
+                loss = F.relu(1 - y[i:i + 4] * model(x[i:i + 4]).squeeze(1)).mean()
+                loss.backward()
+                if clear == "before_step":
+                    optimizer.zero_grad()
+                optimizer.step()
+                losses.append(float(loss))
+            some_at_zero += min(losses) == 0 < max(losses)
+            probe.step(sum(losses) / 4)
+    accuracy = float(((model(x).squeeze(1) > 0).float() * 2 - 1 == y).float().mean())
+    run = tripwire.open_run(probe.run_url)
+    if clear == "before_forward":
+        assert accuracy > 0.9 and some_at_zero >= 5 and findings(run) == []
+    else:
+        assert accuracy < 0.9 and findings(run) == [("no_gradients", 0, "error")]
+
+
 def test_a_step_that_stops_updating_is_an_error_within_a_step(tmp_path):
     run, _ = loop(tmp_path / "run", optimizer=lambda parameters: StopsUpdating(parameters, working=15))
     # the first no-op step is 15, unsampled (every 10): told at its second in a row, not at the next sample (20)

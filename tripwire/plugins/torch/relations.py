@@ -274,9 +274,10 @@ class StepEffect:
                   *(t for p, before, moved, shows in witnesses for t in (moved, (p.detach() != before).any(), shows))]]
         read = iter(torch.stack([f.to(flags[0].device) for f in flags]).cpu().tolist() if flags else [])
         counts: dict = {}  # a relation no step could be judged on is absent
-        for _, held, empty, witnesses in steps:  # every flag is read: a list, not a generator all() stops early on
-            counts["no_gradients"] = counts.get("no_gradients", 0) + \
-                held * all([e if isinstance(e, bool) else next(read) for e in empty])
+        gradless: dict = {}  # id(optimizer) -> [(the parameters it holds, whether a step of it had no gradient)]
+        for optimizer, held, empty, witnesses in steps:  # every flag is read: a list, not a generator all() stops
+            gradless.setdefault(optimizer, []).append((held, all([e if isinstance(e, bool) else next(read)  # early
+                                                                  for e in empty])))  # on
             moved = [(next(read), next(read), next(read)) for _ in witnesses]
             with_gradient = [(changed, shows) for has_gradient, changed, shows in moved if has_gradient]
             if not with_gradient:
@@ -286,6 +287,10 @@ class StepEffect:
                 counts["update_rounds_away"] = counts.get("update_rounds_away", 0) + len(with_gradient)
                 broken = False
             counts["step_changed_nothing"] = counts.get("step_changed_nothing", 0) + broken * len(with_gradient)
+        if steps:  # an optimizer that applied a gradient at another of its steps here is not one whose gradients are
+            # cleared before it steps: its step without one ran at a loss of exactly 0 (a chunk it fits exactly)
+            counts["no_gradients"] = sum(held for judged in gradless.values() if all(none for _, none in judged)
+                                         for held, _ in judged)
         return counts
 
 
