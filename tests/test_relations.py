@@ -503,6 +503,48 @@ def test_lightning_manual_optimisation_that_never_steps(tmp_path):
     assert findings(tripwire.open_run(callback.run_url)) == [("gradients_discarded", 0, "error")]
 
 
+class ManualScheduled(Manual):
+    """Manual optimisation with a StepLR from configure_optimizers, stepped as Lightning's docs write it (in
+    on_train_epoch_end, which runs after the callbacks'; or in training_step at the epoch's last batch), or
+    never."""
+
+    def __init__(self, steps_it):
+        super().__init__()
+        self.steps_it = steps_it
+
+    def training_step(self, batch, batch_idx):
+        super().training_step(batch, batch_idx)
+        if self.steps_it == "last_batch" and self.trainer.is_last_batch:
+            self.lr_schedulers().step()
+
+    def on_train_epoch_end(self):
+        if self.steps_it == "epoch_end":
+            self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)]
+
+
+@pytest.mark.parametrize("steps_it", ["epoch_end", "last_batch", None])
+def test_lightning_a_schedule_manual_optimisation_never_steps_is_a_warning(tmp_path, steps_it, caplog):
+    """Under manual optimisation Lightning steps no scheduler: one the module never steps leaves the learning rate
+    where it started (so-vits-svc-fork's 'lr_decay not working' after its move to manual optimisation). Told once
+    two epochs have ended (their epoch-end hooks too)."""
+    torch.manual_seed(0)
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, ManualScheduled(steps_it), max_epochs=3)
+    assert trainer.callback_metrics["val_acc"] > 0.8
+    run = tripwire.open_run(callback.run_url)
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    if steps_it is None:
+        assert lr == 0.1
+        assert findings(run) == [("schedule_never_stepped", 2 * trainer.num_training_batches - 1, "warning")]
+        assert "never stepped: StepLR (learning rate 0.1)" in caplog.text
+    else:
+        assert lr == pytest.approx(0.1 * 0.7 ** 3) and findings(run) == []
+
+
 class ManualSAM(Manual):
     """Manual optimisation with SAM through its own two calls (the common implementation, test_probe's): the base
     optimizer steps, while Lightning, which counts the steps of its wrapper, stays at step 0."""

@@ -56,6 +56,9 @@ CAUSES: dict[str, Cause] = {
                                                    "scheduler stepped per batch?)", _NO_STEP),
     "training_relations:gradients_discarded": Cause("optimizer.step() never called", _NO_STEP),
     "training_relations:no_gradient_path": Cause("layers cut off from the loss (a detach)", _NO_STEP),
+    "training_relations:schedule_never_stepped": Cause("a learning-rate schedule never stepped (manual "
+                                                       "optimisation)", ("loss_not_decreasing", "oscillating_loss",
+                                                                         "overtraining")),
     "training_relations:same_eval_data": Cause("the training data used as validation data", ("overfit",
                                                                                              "overtraining")),
     "first_evaluation": Cause("a model evaluated differently from how it trains", ("overfit", "overtraining",

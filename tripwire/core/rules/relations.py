@@ -101,6 +101,15 @@ RELATIONS = {
         "wrapper's backward all-reduces the gradients); let DDP broadcast the initial state (wrap the model after "
         "building it the same way on every rank, load a checkpoint before wrapping, not on one rank after); never "
         "change parameters on one rank only (an update, a clamp or a load under `if rank == 0`)."),
+    "schedule_never_stepped": (
+        "warning",
+        "{n} learning-rate scheduler(s) returned by configure_optimizers never stepped in the epochs so far (the "
+        "training log names them): under manual optimisation Lightning leaves stepping them to the module, so the "
+        "learning rate stays where it started",
+        "Call the scheduler's step() where the schedule should move: sch = self.lr_schedulers(); sch.step() in "
+        "on_train_epoch_end (or in training_step when self.trainer.is_last_batch) for a schedule per epoch, every "
+        "N batches for one per step; a ReduceLROnPlateau takes the monitored value, "
+        "sch.step(self.trainer.callback_metrics['val_loss'])."),
 }
 
 # Relations broken only past a count: a GradScaler skips the first steps of fp16 training until its scale fits
@@ -164,7 +173,11 @@ class TrainingRelations(Rule):
                 "DDP, after an optimizer step, some rank's parameters (a checksum of their bits) differ from rank 0's "
                 "(error; the probe and Lightning); `skipped_steps` — no optimizer stepped at 30 or more steps in a "
                 "row, the gradients holding Inf or NaN (a GradScaler or Keras' LossScaleOptimizer that skips every "
-                "step: error, told at the 30th step in a row; not under JAX). PyTorch: the probe, Lightning and the "
+                "step: error, told at the 30th step in a row; not under JAX); `schedule_never_stepped` — under "
+                "Lightning's manual optimisation, a learning-rate scheduler from configure_optimizers whose step count "
+                "has not moved since the training started, judged once, after twice its declared interval of epochs "
+                "(two epochs for one per step or per epoch) and their epoch-end hooks, or at the end of a training "
+                "that ran that long (warning). PyTorch: the probe, Lightning and the "
                 "Hugging Face Trainer; `stale_gradients` can break only where the user clears gradients (the probe, "
                 "Lightning's manual optimisation). Keras applies its gradients itself: of these it can break "
                 "`skipped_steps` only")

@@ -115,6 +115,9 @@ class TripwireCallback(*_callback_bases()):
         self._broken = None  # (step, relation) it told, to record at the batch's end
         self._discards: DiscardedGradients | None = None  # manual optimisation's first batches (relations)
         self._batches: BatchWatch | None = None  # whether the batch changes from step to step (relations)
+        # manual optimisation leaves the schedulers to the module: (scheduler, its step count at the start, the epoch
+        # by whose start it must have stepped)
+        self._schedules: list = []
         self._stepped_at = -1  # the global step of the last optimizer step that ran (a GradScaler skips some)
         self._scaled = False  # a GradScaler may skip a step: its optimizers' hooks do not run, and cannot wake this
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
@@ -179,6 +182,11 @@ class TripwireCallback(*_callback_bases()):
         # manual optimisation: the user clears and steps, and may clear gradients no optimizer applied
         self._discards = DiscardedGradients([getattr(o, "optimizer", o) for o in trainer.optimizers]) \
             if "relations" in self._plan and not pl_module.automatic_optimization else None
+        self._schedules = [(c.scheduler, c.scheduler.last_epoch,
+                            trainer.current_epoch + 2 * (c.frequency if c.interval == "epoch" else 1))
+                           for c in trainer.lr_scheduler_configs if isinstance(getattr(c.scheduler, "last_epoch", None),
+                                                                               int)] \
+            if "relations" in self._plan and not pl_module.automatic_optimization else []
         # one process: a rank that acted on its own batches alone would leave the others out of the decision
         self._batches = BatchWatch() if "relations" in self._plan and trainer.world_size == 1 and \
             trainer.num_training_batches > 1 else None
@@ -222,6 +230,28 @@ class TripwireCallback(*_callback_bases()):
 
     def load_state_dict(self, state_dict):
         self._resume_url = state_dict.get("run_url")
+
+    # -- epochs ---------------------------------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._judge_schedules(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self._judge_schedules(trainer)
+
+    def _judge_schedules(self, trainer) -> None:
+        """Manual optimisation: once the epochs in which a scheduler must have stepped have ended (their epoch-end
+        hooks too, where a module steps it; Lightning calls the callbacks' before the module's), the schedulers
+        whose step count never moved, told once. Twice the declared interval: a module may step every other one."""
+        due = [(scheduler, start) for scheduler, start, by in self._schedules if trainer.current_epoch >= by]
+        if not due or self._recorder is None:
+            return
+        self._schedules = [entry for entry in self._schedules if trainer.current_epoch < entry[2]]
+        never = [scheduler for scheduler, start in due if scheduler.last_epoch == start]
+        if never:
+            step = max(trainer.global_step - 1, 0)
+            log.warning("tripwire: after %d epoch(s) of manual optimisation, never stepped: %s", trainer.current_epoch,
+                        ", ".join(map(_scheduler_named, never)))
+            self._decide(trainer, self._recorder.check_relation(step, "schedule_never_stepped", len(never)), step)
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -535,6 +565,13 @@ class TripwireCallback(*_callback_bases()):
             except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
                 log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", step, type(exc).__name__,
                             exc)
+
+
+def _scheduler_named(scheduler) -> str:
+    """A scheduler's class and the learning rate of its optimizer's first group, where it holds one as a number."""
+    groups = getattr(getattr(scheduler, "optimizer", None), "param_groups", None) or [{}]
+    rate = groups[0].get("lr")
+    return type(scheduler).__name__ + (f" (learning rate {rate:g})" if isinstance(rate, (int, float)) else "")
 
 
 def _lightning_version(trainer) -> str:
