@@ -89,6 +89,22 @@ def cnn() -> nn.Sequential:
         nn.Flatten(), nn.Dropout(0.25), nn.Linear(64 * 2 * 2, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 10))
 
 
+class FunctionalCNN(nn.Module):
+    """The small CNN written as pytorch/examples' mnist writes its Net: layers as modules, every ReLU, pooling and
+    dropout as a function in forward (`F.relu(self.fc1(x))`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, padding=1), nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(64 * 2 * 2, 128), nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(F.dropout(torch.flatten(x, 1), 0.25, self.training)))
+        return self.fc2(F.dropout(x, 0.5, self.training))
+
+
 class ResidualBlock(nn.Module):
     """A ResNet basic block (torchvision's layout): two 3x3 conv+BatchNorm, a 1x1 conv shortcut when the shape
     changes."""
@@ -660,6 +676,21 @@ def cnn_dropout(attach, long, dataset=data.digit_images, optimizer_class=torch.o
     return reached("val_acc", evaluate(model)["val_acc"], 0.9, steps)
 
 
+def functional_cnn(attach, long):
+    """The CNN with its ReLUs applied as functions (pytorch/examples' mnist style), in the plain loop."""
+    return cnn_dropout(attach, long, build=FunctionalCNN)
+
+
+def functional_dead_relu(attach, long):
+    """The functional CNN with its dense layer's biases initialised to -20: every unit of F.relu(self.fc1(x)) is
+    dead."""
+    def build():
+        net = FunctionalCNN()
+        nn.init.constant_(net.fc1.bias, -20.0)
+        return net
+    return cnn_dropout(attach, long, build=build)
+
+
 def spread_out(epsilon: float):
     """Cross-entropy with a small hinge that keeps outputs apart: the batch's pairwise distances below 1, computed
     as the sqrt of the squared differences. The pairs include each sample with itself, whose distance 0 has a sqrt
@@ -1096,6 +1127,9 @@ CASES: list[Case] = [
     Case("torch", "cosine_label_smoothing", cosine_label_smoothing),
     Case("torch", "vae", vae),
     Case("torch", "dcgan", dcgan),
+    Case("torch", "functional_cnn", functional_cnn),
+    Case("torch", "functional_dead_relu", functional_dead_relu, fault="F.relu after a dense layer whose biases are "
+         "-20: dead ReLUs", catch=("dead_relu",)),
     Case("lightning", "mlp_lr_x1000", mlp_lr_x1000, fault="lr x1000 (Adam 1.0)",
          catch=("exploding_tensor", "weight_update_ratio", "exploding_gradient", "dead_relu", "loss_not_decreasing",
                 "learning_rate"), cause=("learning_rate", "weight_update_ratio", "exploding_gradient")),

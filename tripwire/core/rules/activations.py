@@ -18,12 +18,12 @@ class DeadRelu(Rule):
 
     name = "dead_relu"
     limits = {"threshold_layer": PERCENT, "patience": COUNT}
-    condition = ("in a ReLU layer, more than `threshold_layer` % of the units are never positive over the sampled "
-                 "batch (reduction dead_fraction, taken on batches of at least 16 samples; a unit is an output "
-                 "feature, a convolution's channel over every position, since its weights are shared across them) "
-                 "at each of the last "
-                 "`patience` samples; an error where every unit of the layer is dead; layers holding NaN/Inf are "
-                 "left to exploding_tensor")
+    condition = ("in a ReLU layer (in torch, also a ReLU applied as a function to a layer's output, "
+                 "`activations/fc1:relu`), more than `threshold_layer` % of the units are never positive over the "
+                 "sampled batch (reduction dead_fraction, taken on batches of at least 16 samples; a unit is an "
+                 "output feature, a convolution's channel over every position, since its weights are shared across "
+                 "them) at each of the last `patience` samples; an error where every unit of the layer is dead; "
+                 "layers holding NaN/Inf are left to exploding_tensor")
     hint = ("ReLU units died: they output 0 for every input, so they get no gradient and never recover. Likely "
             "causes: a learning rate too high, large negative biases, poor initialisation. Try: a lower learning "
             "rate, LeakyReLU/ELU/GELU, He initialisation with zero biases, batch normalisation before the ReLU.")

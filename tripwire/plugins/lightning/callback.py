@@ -98,6 +98,7 @@ class TripwireCallback(*_callback_bases()):
         self._resume_url: str | None = None
         self._sampled = False
         self._norms: GradientNorms | None = None  # every step's gradient norm, where a rule reads it
+        self._manual_losses = False  # manual optimisation: each manual_backward's loss is taken (losses captured)
         self._listen(False)
         self._watching: list = []  # handles of the optimizers' post-step hooks, while they wake this callback
         self._wake_at: int | None = None  # the next sampled step, while on_train_batch_start is off
@@ -121,6 +122,7 @@ class TripwireCallback(*_callback_bases()):
         self._stepped_at = -1  # the global step of the last optimizer step that ran (a GradScaler skips some)
         self._scaled = False  # a GradScaler may skip a step: its optimizers' hooks do not run, and cannot wake this
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
+        self._first_facts = None  # what it saw, recorded at the batch's end
         self._state = "finished"
         self._verdicts: list = []
         self._replicas: Replicas | None = None  # under DDP: the ranks whose parameters are compared
@@ -192,8 +194,8 @@ class TripwireCallback(*_callback_bases()):
             trainer.num_training_batches > 1 else None
         self._loss_watch.keep = "losses" in self._plan and pl_module.automatic_optimization and \
             trainer.accumulate_grad_batches == 1
-        if "losses" in self._plan and not pl_module.automatic_optimization:  # no closure hands over the loss
-            self.__dict__["on_before_backward"] = self._on_manual_backward
+        # no closure hands over the loss: each manual_backward's, at every step
+        self._manual_losses = "losses" in self._plan and not pl_module.automatic_optimization
         self._norms = GradientNorms() if GRADIENT_NORM in self._recorder.streamed else None
         self._listen(self._sampled)
         return self._recorder.run_url
@@ -294,20 +296,22 @@ class TripwireCallback(*_callback_bases()):
         """Run this step's training_step under a LossSpy, once: what it does with its loss goes to the run."""
         self._looked = True
 
-        def seen(facts) -> None:
-            if self._recorder is not None:
-                self._recorder.first_step(replace(facts, producers=self._capture.producers))
+        def seen(facts) -> None:  # recorded at the batch's end: its backward passes find functional ReLUs' layers
+            self._first_facts = facts
 
         look_once(pl_module, "training_step", step, seen, pl_module.trainer.optimizers)
 
     def _listen(self, sampled: bool) -> None:
         """Switch the hooks of a sampled step on (the class's methods) or off (None, which Lightning skips); the
-        gradients' hook stays on where every step's gradient norm is read."""
+        gradients' hook stays on where every step's gradient norm is read, the backward's under manual
+        optimisation where losses are captured."""
         for name in SAMPLED_STEP_HOOKS:
             if sampled or (name == "on_before_optimizer_step" and self._norms is not None):
                 self.__dict__.pop(name, None)
             else:
                 self.__dict__[name] = None
+        backward = self._manual_losses or sampled and self._capture is not None and "activations" in self._plan
+        self.__dict__["on_before_backward"] = self._before_backward if backward else None
 
     def _watch(self, trainer) -> None:
         """Hook each optimizer's step, so that on_train_batch_start can be off between samples. Lightning's
@@ -399,8 +403,16 @@ class TripwireCallback(*_callback_bases()):
         (_, found), self._origin = self._origin, None
         return found
 
-    def _on_manual_backward(self, trainer, pl_module, loss) -> None:
-        """Manual optimisation's `on_before_backward`: the loss of each `manual_backward` (no closure hands it over,
+    def _before_backward(self, trainer, pl_module, loss) -> None:
+        """A sampled step's loss before its backward pass: the ReLUs the module applied as functions, in the graph
+        behind it (TorchCapture.take_functional); and under manual optimisation each backward's loss."""
+        if self._sampled and self._capture is not None:
+            self._capture.take_functional(loss)
+        if self._manual_losses:
+            self._on_manual_backward(trainer, loss)
+
+    def _on_manual_backward(self, trainer, loss) -> None:
+        """Manual optimisation's: the loss of each `manual_backward` (no closure hands it over,
         and a training_step need return nothing). Between samples it is judged for NaN/Inf, at this step, as
         automatic optimisation's closure loss is (one process only, as there); a sampled step keeps it, for
         the step's loss where its training_step returns none. Under a GradScaler the loss comes scaled: judged,
@@ -443,6 +455,9 @@ class TripwireCallback(*_callback_bases()):
                          else None, step)
         if not self._sampled:
             return
+        if self._first_facts is not None and self._recorder is not None:
+            facts, self._first_facts = self._first_facts, None
+            self._recorder.first_step(replace(facts, producers=self._capture.producers))
         stepped = trainer.global_step != self._batch_step  # else accumulating: a later micro-batch ends the step
         decision = None
         if self._capture is not None:

@@ -27,6 +27,8 @@ from tripwire.core.naming import calls_left_out, next_call
 from tripwire.core.reductions import combine_shards, shard_reductions
 from tripwire.core.sampling import CapturePlan
 
+from .functional import SUFFIX as FUNCTIONAL_RELU
+from .functional import FunctionalReLUs
 from .reduce import Reductions, Unsupported, host_array
 from .relations import GradientPath, GradientsCleared, StepEffect, batch_tensors
 from .structure import PASS_THROUGH, has_parameters, is_activation, named_modules, named_parameters
@@ -56,6 +58,7 @@ class TorchCapture:
         self._before: dict = {}
         self._taken: set = set()  # parameters whose weights (and gradients) this sample holds
         self._activation_hooks: list | None = None  # (module, hook) of the activations selected, made once
+        self._functional: FunctionalReLUs | None = None  # ReLUs applied as functions, made at the first such sample
         self._calls: dict = {}  # path -> the calls of that module's hook in this forward pass (naming.next_call)
         # {activation: the layer whose output it took}, seen in the forward of the first training step sampled, where
         # it captured activations (FirstStep.producers, through `producers`)
@@ -105,6 +108,8 @@ class TorchCapture:
             self._hook_activations(activations)
             if self._first_train:
                 self._see_producers()
+            self._functional = self._functional or FunctionalReLUs(self.module, self._take_relu)
+            self._hooks += self._functional.watch()
         self._first_train = self._first_train and mode != "train"
         self._fed = {}
         if mode == "train" and ("gradients" in self.active or "updates" in self.active):
@@ -176,6 +181,8 @@ class TorchCapture:
         if not self.active:
             return None
         self._remove_hooks()
+        if self._functional is not None:
+            self._functional.release()
         if self._made is not None and not self._seen_call:  # the step's forward ran before its hooks (a probe
             self._first_train = True  # whose model is never called itself): noted at the next sampled step
         self._made, self._taking = None, {}
@@ -412,6 +419,29 @@ class TorchCapture:
         """{activation: the layer whose output it took}, as the first training step sampled with activations whose
         forward pass ran under the hooks saw it; None before such a step."""
         return self._producers if self._seen_call else None
+
+    def take_functional(self, result) -> None:
+        """At a sampled training step, before the backward pass: the ReLUs the model applied as functions in the
+        forward pass behind `result` (its output, or the loss), as `activations/<layer>:relu`
+        (tripwire.plugins.torch.functional)."""
+        if self._functional is None or self.mode != "train" or "activations" not in self.active:
+            return
+        try:
+            self._functional.walk(result)
+        except Exception as exc:  # noqa: BLE001 - a graph tripwire cannot walk must not stop training
+            self._say_once(FUNCTIONAL_RELU, f"tripwire: the ReLUs applied as functions could not be found in the "
+                                            f"autograd graph ({type(exc).__name__}: {exc}); they are not captured.")
+
+    def _take_relu(self, layer: str, module, output: torch.Tensor) -> None:
+        """The ReLU of a layer's output, which a ReLU applied as a function takes."""
+        path = next_call(self._calls, layer + FUNCTIONAL_RELU)
+        if path is None:
+            return
+        if self._made is not None:  # the first training step sampled with activations: noted as they are taken
+            self._seen_call, self._producers[path] = True, layer
+        with torch.no_grad():
+            self.take("activations", path, output.detach().relu(), "ReLU",
+                      1 if isinstance(module, CHANNELS_FIRST) or output.dim() >= 4 else -1)
 
     def new_forward(self) -> None:
         """Another forward pass of the step begins (a later micro-batch of gradient accumulation): its modules'

@@ -315,6 +315,8 @@ class TripwireProbe:
 
     def _after_forward(self, module, args, kwargs, output) -> None:
         if module.training:
+            if self._sampled:  # before the backward pass, while its graph is whole
+                self._capture.take_functional(output)
             self._capture.new_forward()
         if self._seek_origin and module.training:
             self._last_calls.pop(module, None)

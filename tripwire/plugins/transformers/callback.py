@@ -211,6 +211,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
         if not module.training or self._replaying:
             return
         if self._capture is not None:
+            if self._sampled:  # before the backward pass, while its graph is whole
+                self._capture.take_functional(output)
             self._capture.new_forward()
         loss = output.get("loss") if isinstance(output, Mapping) else None
         if self._sampled and self._capture.wants("losses"):
