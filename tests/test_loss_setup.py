@@ -162,6 +162,33 @@ def test_a_first_batch_of_one_class_says_the_data_is_not_shuffled(tmp_path, shuf
     assert fired == ([] if shuffled else ["one_class_batch"])
 
 
+def test_a_loss_per_time_step_whose_first_sees_one_token_is_no_unshuffled_batch(tmp_path):
+    """A decoder trained with a loss per time step and teacher forcing (PyTorch's seq2seq tutorial), its parts in
+    an nn.ModuleDict the loop calls one by one: every target sequence begins with the same token, so the first
+    call's 32 labels are one class; the step's other calls see many, and the batch is shuffled."""
+    torch.manual_seed(0)
+    vocab, length = 12, 6
+    targets = torch.cat([torch.ones(256, 1, dtype=torch.long), torch.randint(2, vocab, (256, length - 1))], 1)
+    model = nn.ModuleDict({"embed": nn.Embedding(vocab, 16), "gru": nn.GRU(16, 32, batch_first=True),
+                           "out": nn.Linear(32, vocab)})
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with TripwireProbe(model, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        for step in range(4):
+            batch, tokens, hidden, loss = targets[32 * step:32 * step + 32], torch.zeros(32, 1).long(), None, 0
+            optimizer.zero_grad()
+            for t in range(length):
+                states, hidden = model["gru"](model["embed"](tokens), hidden)
+                loss = loss + F.cross_entropy(model["out"](states[:, -1]), batch[:, t])
+                tokens = batch[:, t:t + 1]  # teacher forcing
+            (loss / length).backward()
+            optimizer.step()
+            probe.step(loss / length)
+    run = tripwire.open_run(probe.run_url)
+    uses = run.first_step.losses
+    assert len(uses) == length and uses[0].labels.distinct == 1 and uses[1].labels.distinct > 1
+    assert [v.finding for v in run.verdicts() if v.fired] == []
+
+
 def test_a_warning_a_loss_raises_under_the_first_step_look_is_the_user_s_line(tmp_path):
     """F.mse_loss warns of a target shaped apart from its input, naming its caller's line: under the look the caller
     was tripwire's own code, and the user was sent to it."""

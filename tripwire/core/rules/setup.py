@@ -40,7 +40,8 @@ class LossSetup(Rule):
                  "into more elements than the predictions hold ((N, 1) against (N,): error, the loss compares every "
                  "prediction with every target; torch); labels that are not class ids for a loss "
                  "that takes ids, class ids beyond the outputs, binary targets outside [0, 1], or a first batch of "
-                 "32 or more labels all of one class among three or more (data ordered by class, not shuffled), "
+                 "32 or more labels all of one class among three or more (data ordered by class, not shuffled; not "
+                 "where another call of the loss in the step saw another class: a sequence's loss per time step), "
                  "or 32 or more one-hot rows of three or more classes under a binary loss (info: single-label "
                  "classes learned as separate yes/no questions, which trains, with an accuracy that reads high)")
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
@@ -72,10 +73,19 @@ class LossSetup(Rule):
         found = []
         for use in first.losses:
             for finding, severity, message in _problems(use):
+                if finding == "one_class_batch" and not _one_class_throughout(first.losses, use):
+                    continue
                 found.append(self.fire(step, f"{_name(use)}: {message}", severity=severity, finding=finding,
                                        onset=first.step, loss=use.loss, output=use.output, units=use.units,
                                        settings=use.settings))
         return found or None
+
+
+def _one_class_throughout(uses, use) -> bool:
+    """Whether every call of this loss at the first step saw the one class this call did: a sequence model's loss
+    per time step sees at its first the same start token in every sample, and its batch holds many classes."""
+    return all(other.labels.distinct == 1 and other.labels.min == use.labels.min for other in uses
+               if other.loss == use.loss and other.units == use.units and other.labels is not None)
 
 
 def _broadcast(use) -> tuple | None:
