@@ -285,6 +285,8 @@ class TorchCapture:
 
     def close(self) -> None:
         self._remove_hooks()
+        if self._functional is not None:  # closed inside a step: what it held goes too
+            self._functional.release()
         if self._cleared is not None:  # closed inside a step: its gradient hooks go too
             self._cleared.remove()
             self._cleared = None
