@@ -110,6 +110,18 @@ def cnn_module(lr=0.05, pl=None):
     return classifier(net, lr=lr, momentum=0.9, pl=pl)
 
 
+def probe_steps(probe, model, optimizer, x, y, steps: int, loss_fn, batch: int = 32) -> None:
+    """The plain loop of the probe's tests: the first 40 batches of `batch` rows of x, y in turn, each cleared,
+    run forward, back-propagated, stepped and handed to `probe.step`."""
+    for step in range(steps):
+        i = batch * (step % 40)
+        optimizer.zero_grad()
+        loss = loss_fn(model(x[i:i + batch]), y[i:i + batch])
+        loss.backward()
+        optimizer.step()
+        probe.step(loss)
+
+
 def wait_until(condition, timeout: float = 60.0) -> None:
     """Poll `condition` until it holds; fail the test if it does not within `timeout` seconds."""
     deadline = time.monotonic() + timeout

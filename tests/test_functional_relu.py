@@ -53,13 +53,7 @@ def probe_fit(out, net, steps=200, config=CONFIG):
     x, y, xv, yv = images()
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
     with TripwireProbe(net, optimizer, config, out_dir=out) as probe:
-        for step in range(steps):
-            i = 32 * (step % 40)
-            optimizer.zero_grad()
-            loss = F.nll_loss(net(x[i:i + 32]), y[i:i + 32])
-            loss.backward()
-            optimizer.step()
-            probe.step(loss)
+        helpers.probe_steps(probe, net, optimizer, x, y, steps, F.nll_loss)
     return tripwire.open_run(probe.run_url), accuracy(net, xv, yv)
 
 

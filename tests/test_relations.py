@@ -797,13 +797,7 @@ def test_layers_cut_off_from_the_loss_are_a_warning(tmp_path, cut, caplog):
     model = BackboneAndHeads(cut)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
-        for step in range(60):
-            i = 32 * (step % 40)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
-            loss.backward()
-            optimizer.step()
-            probe.step(loss)
+        helpers.probe_steps(probe, model, optimizer, x, y, 60, F.cross_entropy)
     run = tripwire.open_run(probe.run_url)
     if cut in ("detach", "no_grad"):
         assert findings(run) == [("no_gradient_path", 1, "warning")]
