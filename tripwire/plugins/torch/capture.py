@@ -441,9 +441,14 @@ class TorchCapture:
             return
         if self._made is not None:  # the first training step sampled with activations: noted as they are taken
             self._seen_call, self._producers[path] = True, layer
-        with torch.no_grad():
-            self.take("activations", path, output.detach().relu(), "ReLU",
-                      1 if isinstance(module, CHANNELS_FIRST) or output.dim() >= 4 else -1)
+        try:  # called from a forward hook: a tensor tripwire cannot take must not stop training
+            with torch.no_grad():
+                relu = output.detach().relu()
+        except Exception as exc:  # noqa: BLE001
+            self._not_captured(f"activations/{path}", output, exc)
+            return
+        channels = 1 if isinstance(module, CHANNELS_FIRST) or output.dim() >= 4 else -1
+        self.take("activations", path, relu, "ReLU", channels)
 
     def new_forward(self) -> None:
         """Another forward pass of the step begins (a later micro-batch of gradient accumulation): its modules'

@@ -70,11 +70,15 @@ class FunctionalReLUs:
             self._take(path, module, output)
 
     def _layer_output(self, path: str, module, inputs, output) -> None:
-        if isinstance(output, torch.Tensor) and output.grad_fn is not None:
+        if not isinstance(output, torch.Tensor) or output.grad_fn is None:
+            return
+        try:  # a forward hook: a tensor that cannot say its size (nested, a subclass) is not followed
             size = output.numel() * output.element_size()
-            held = output if self._held + size <= _HELD_BYTES else weakref.ref(output)
-            self._held += size if held is output else 0
-            self._outputs[output.grad_fn] = (path, module, held, output._version)
+        except (RuntimeError, NotImplementedError):
+            return
+        held = output if self._held + size <= _HELD_BYTES else weakref.ref(output)
+        self._held += size if held is output else 0
+        self._outputs[output.grad_fn] = (path, module, held, output._version)
 
     def _activation_output(self, module, inputs, output) -> None:
         if isinstance(output, torch.Tensor) and output.grad_fn is not None:
