@@ -1,7 +1,7 @@
-"""How the kernels' weights moved over a run: the distance their steps travelled and how their norm moved along
-the way. A model leaving the flat plateau a small initialisation or a saddle starts it on drifts one way, faster
-and faster, before its loss shows it; steps that learn nothing that holds go every way and cancel, or fit what
-little they can at a steady pace (loss_not_decreasing's `slow` finding).
+"""A slow start told from a loss that learns nothing (loss_not_decreasing's `slow` finding): a loss on its way
+down, too slowly to have covered `min_drop` yet, or kernels whose weights drift one way, faster and faster, as a
+model leaving the flat plateau a small initialisation or a saddle starts it on does before its loss shows it.
+Steps that learn nothing that holds go every way and cancel, or fit what little they can at a steady pace.
 """
 
 from __future__ import annotations
@@ -10,9 +10,15 @@ import numpy as np
 
 from ..model import KERNEL_ROLES
 from .base import of_roles, values_at
+from .trend import Trend
 
 DRIFT = 0.03  # of the distance the kernels' steps travelled, by which their norm grew: a drift, not a random walk
 SPEEDUP = 2.0  # times the norm's growth over the first half of the steps, over the second: a drift that speeds up
+SLOW_Z = 3.0  # standard errors by which the line through every sample falls: a descent, however slow
+SLOW_HINT = ("The loss has not gone down far yet, but it is on its way (it falls steadily, or the weights drift one "
+             "way): the model is leaving the flat plateau it began on (small initial weights, a saddle), slowly. Not "
+             "a fault yet. To shorten it: initial weights at the usual scale (He, Glorot), a larger learning rate "
+             "where the steps change the weights by less than 0.1 % of their norm, a larger batch.")
 
 
 class Drift:
@@ -63,3 +69,22 @@ class Drift:
         if share < DRIFT or self.norm - middle < SPEEDUP * max(middle - self.first, 0.0):
             return None
         return share
+
+
+def slow_start(trend: Trend, drift: Drift | None) -> str | None:
+    """Why a loss that has not gone down by `min_drop` yet is a slow start, in words to add to the verdict; None
+    where it is not one. The line through every sample the rule saw falls by SLOW_Z standard errors or more (a
+    loss that learns nothing stays level); or the kernels' norm grew by DRIFT or more of the distance their steps
+    travelled since the rule's first sample, SPEEDUP times as much over the second half of those steps as over
+    the first."""
+    line = trend.line()
+    if line is not None and line[1] > 0 and -line[0] >= SLOW_Z * line[1]:
+        fall = -line[0] * (trend.last_step - trend.first_step)
+        return (f" But it is on its way down: the line through its {trend.n} samples falls by {fall:.3g}, "
+                f"{-line[0] / line[1]:.1f} standard errors (a loss that learns nothing stays level): a slow start.")
+    share = drift.slow_start() if drift is not None else None
+    if share is None:
+        return None
+    return (f" But the weights are on their way: the kernels' norm grew from {drift.first:.4g} to {drift.norm:.4g}, "
+            f"{share:.0%} of the {drift.travelled:.3g} their steps travelled (steps that learn nothing cancel out), "
+            "most of it lately: a slow start, the model leaving the plateau it began on.")

@@ -14,7 +14,7 @@ from ..ranges import COUNT, SHARE
 from .base import FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, loss_not_a_fit
 from .baselines import (FLOOR_NOTE, STUCK_HINT, constant_predictor_loss, loss_floor, room_above, unsplit,
                         update_ratios)
-from .drift import Drift
+from .drift import SLOW_HINT, Drift, slow_start
 from .trend import Trend, noise
 
 
@@ -148,29 +148,11 @@ class LossNotDecreasing(Rule):
         return found or None
 
     def _slow_start(self, step, verdict, key, trend):
-        """A loss that has not gone down by `min_drop` yet, but is on its way: the line through every sample the
-        rule saw falls by SLOW_Z standard errors or more (a descent too slow to have covered `min_drop`, not a flat
-        loss: one that learns nothing has no such line); or the kernels drift, faster and faster: their norm has
-        grown by drift.DRIFT (3 %) or more of the distance their steps travelled since the rule's first sample,
-        and drift.SPEEDUP (2) times as much over the second half of those steps as over the first. Steps that
-        each head the same way add up, and a model leaving the flat plateau a small initialisation or a saddle
-        starts it on does so at a growing pace, before its loss shows it. Steps that learn nothing that holds
-        (labels that do not match the inputs) go every way and cancel, or fit what little they can at a steady
-        pace. A slow start, told at info (finding `slow`); "never went down" then waits as long again."""
-        line = trend.line()
-        if line is not None and line[1] > 0 and -line[0] >= SLOW_Z * line[1]:
-            fall = -line[0] * (trend.last_step - trend.first_step)
-            why = (f" But it is on its way down: the line through its {trend.n} samples falls by {fall:.3g}, "
-                   f"{-line[0] / line[1]:.1f} standard errors (a loss that learns nothing stays level): a slow start.")
-        else:
-            drift = self._drift.get(key[0])
-            share = drift.slow_start() if drift is not None else None
-            if share is None:
-                return verdict
-            why = (f" But the weights are on their way: the kernels' norm grew from {drift.first:.4g} to "
-                   f"{drift.norm:.4g}, {share:.0%} of the {drift.travelled:.3g} their steps travelled (steps that "
-                   "learn nothing cancel out), most of it lately: a slow start, the model leaving the plateau it "
-                   "began on.")
+        """A loss that has not gone down by `min_drop` yet, but is on its way (drift.slow_start): told at info
+        (finding `slow`); "never went down" then waits as long again."""
+        why = slow_start(trend, self._drift.get(key[0]))
+        if why is None:
+            return verdict
         self._slow_until[key] = 2 * step
         return replace(verdict, finding="slow", severity="info", hint=SLOW_HINT, message=verdict.message + why)
 
@@ -266,9 +248,4 @@ def _warming_up(run, since: int) -> bool:
     return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
-SLOW_Z = 3.0  # standard errors by which the line through every sample falls: a descent, however slow
 LEVELLED = 0.25  # of what the loss's mean pace so far takes off over the newest samples' steps: levelled below it
-SLOW_HINT = ("The loss has not gone down yet, but the weights drift steadily one way: the model is leaving the flat "
-             "plateau it began on (small initial weights, a saddle), slowly. Not a fault yet. To shorten it: "
-             "initial weights at the usual scale (He, Glorot), a larger learning rate where the steps change the "
-             "weights by less than 0.1 % of their norm, a larger batch.")
