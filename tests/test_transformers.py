@@ -25,15 +25,18 @@ from tripwire.plugins.transformers import TripwireCallback
 SCRIPT = Path(__file__).parent / "scripts" / "train_transformers_ddp.py"
 
 
-def fit(callback, tmp_path, model=None, train=None, val=None, resume=None, **overrides) -> Trainer:
-    """The BERT classifier on token presence (or `model` on `train`), the Trainer's output in tmp_path/out."""
+def fit(callback, tmp_path, model=None, train=None, val=None, resume=None, loss_func=None, trainer=Trainer,
+        **overrides) -> Trainer:
+    """The BERT classifier on token presence (or `model` on `train`), the Trainer's output in tmp_path/out;
+    loss_func: the Trainer's compute_loss_func; trainer: the Trainer's class."""
     metrics = accuracy if model is None or model.config.model_type == "bert" else None
     if train is None:
         (xt, yt), (xv, yv) = data.token_presence()
         train, val = Rows(xt, yt), Rows(xv, yv)
-    trainer = Trainer(model=model if model is not None else tiny_bert(),
+    trainer = trainer(model=model if model is not None else tiny_bert(),
                       args=arguments(str(tmp_path / "out"), **overrides), train_dataset=train, eval_dataset=val,
-                      compute_metrics=metrics, callbacks=[callback] if callback is not None else [])
+                      compute_metrics=metrics, callbacks=[callback] if callback is not None else [],
+                      compute_loss_func=loss_func)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -228,12 +231,13 @@ def test_labels_that_are_not_class_ids(tmp_path):
     assert "never reach 0.5" in verdict.message
 
 
-@pytest.mark.parametrize("model", ["bert", "gpt2"])
+@pytest.mark.parametrize("model", ["bert", "gpt2", "bert_label_smoothing"])
 def test_gradient_accumulation_gives_one_sample_per_optimizer_step_and_the_step_s_loss(tmp_path, model):
     """Two micro-batches per step: one sample per optimizer step, its loss the step's, not divided by 2. GPT-2's
     loss divides its sum by the Trainer's count of the step's tokens (num_items_in_batch): the micro-batches' losses
     are shares, summed, as the Trainer logs them. BERT's classifier takes the mean of its batch, whatever the count:
-    the mean of the two (the Trainer, which takes the count as used, logs their sum)."""
+    the mean of the two (the Trainer, which takes the count as used, logs their sum). With label smoothing the
+    Trainer computes the loss, as a share of the step's where it counted the items: the loss it logs."""
     config = {"sampling": {"every": 1}, "collections": {"losses": {}, "gradients": {}, "metrics": {}}, "rules": []}
     cb = TripwireCallback(config, out_dir=tmp_path / "run")
     if model == "gpt2":
@@ -241,14 +245,15 @@ def test_gradient_accumulation_gives_one_sample_per_optimizer_step_and_the_step_
         built, train, val, chance = tiny_gpt2(), Rows(xt, yt), Rows(xv, yv), math.log(32)
     else:
         built, train, val, chance = None, None, None, math.log(2)
+    smoothing = {"label_smoothing_factor": 0.1} if model == "bert_label_smoothing" else {}
     trainer = fit(cb, tmp_path, built, train, val, num_train_epochs=1, per_device_train_batch_size=16,
-                  gradient_accumulation_steps=2, logging_steps=1)
+                  gradient_accumulation_steps=2, logging_steps=1, **smoothing)
     assert trainer.state.global_step == 12
     run = tripwire.open_run(cb.run_url)
     assert run.steps() == list(range(12)) and run.tensor("losses/train").steps() == list(range(12))
     losses = run.tensor("losses/train").series()[1]
     assert losses[0] == pytest.approx(chance, rel=0.1)  # an untrained model's loss: chance
-    if model == "gpt2":
+    if model != "bert":
         np.testing.assert_allclose(losses, run.tensor("metrics/loss").series()[1], rtol=1e-5)
 
 
@@ -331,16 +336,43 @@ def test_storage_that_refuses_writes_never_holds_up_training_and_a_raising_rule_
     assert any("raised ZeroDivisionError" in r.getMessage() for r in caplog.records if r.name == "tripwire")
 
 
-def test_a_loss_the_trainer_computes_itself_is_said_to_be_missing(tmp_path, caplog):
-    """With label smoothing the Trainer takes the labels away from the model and computes the loss: the model
-    returns none, and tripwire has none to record; it says so, and so do the rules that need it."""
-    cb = TripwireCallback({"sampling": {"every": 5}, "rules": ["loss_not_decreasing"]}, out_dir=tmp_path / "run")
-    fit(cb, tmp_path, max_steps=10, label_smoothing_factor=0.1)
-    assert [r.getMessage() for r in caplog.records if "returned no loss" in r.getMessage()] == [
-        "tripwire: the model returned no loss at step 0 (the Trainer computes it itself with label_smoothing_factor, "
-        "a compute_loss_func or its own compute_loss): losses/train is not recorded, and a NaN loss is not caught."]
-    (verdict,) = tripwire.open_run(cb.run_url).verdicts()
-    assert verdict.rule == "loss_not_decreasing" and verdict.status == "no_data"
+def cross_entropy(outputs, labels, num_items_in_batch=None):
+    """A compute_loss_func: the mean cross-entropy of the batch (NaN over a batch whose labels are all -100)."""
+    return torch.nn.functional.cross_entropy(outputs.logits, labels)
+
+
+class OwnLossTrainer(Trainer):
+    """A Trainer subclass with a compute_loss of its own, as users write for a weighted loss."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = cross_entropy(outputs, labels)
+        return (loss, outputs) if return_outputs else loss
+
+
+@pytest.mark.parametrize("loss", ["label_smoothing", "compute_loss_func", "own_compute_loss"])
+def test_a_loss_the_trainer_computes_itself_is_recorded_and_a_nan_in_it_stops_training_at_its_step(tmp_path, loss):
+    """With label smoothing, a compute_loss_func or a compute_loss of its own the Trainer takes the labels away from
+    the model and computes the loss: it is read from the Trainer's compute_loss, labels and all, and a NaN in it (a
+    batch whose labels are all -100) is caught at the step it appears, between samples, where the loss began."""
+    (xt, yt), (xv, yv) = data.token_presence()
+    yt = yt.copy()
+    yt[7 * 32:8 * 32] = -100
+    cb = TripwireCallback({"sampling": {"every": 5}, "collections": {"losses": {}, "labels": {}},
+                           "rules": [{"rule": "exploding_tensor", "actions": ["stop"]}]}, out_dir=tmp_path / "run")
+    options = {"label_smoothing": {"label_smoothing_factor": 0.1}, "compute_loss_func": {"loss_func": cross_entropy},
+               "own_compute_loss": {"trainer": OwnLossTrainer}}[loss]
+    trainer = fit(cb, tmp_path, train=Stream(xt, yt), val=Rows(xv, yv), max_steps=12, **options)
+    run = tripwire.open_run(cb.run_url)
+    assert run.tensor("losses/train").steps() == list(range(8))  # every step's, kept between samples
+    assert run.tensor("losses/train").reduction(0) == pytest.approx(math.log(2), rel=0.1)  # untrained: chance
+    assert np.isnan(run.tensor("losses/train").reduction(7))
+    assert run.tensor("labels").steps() == [0, 5] and run.tensor("labels").reduction(5, "max") == 1
+    (verdict,) = [v for v in run.verdicts() if v.counts]
+    assert verdict.rule == "exploding_tensor" and verdict.step == 7 and trainer.state.global_step == 8
+    assert "It began in the loss: the model's output was finite" in verdict.message
+    assert "compute_loss" not in trainer.__dict__  # the wrapper is gone with the training
 
 
 def run_ddp(tmp_path, config, *extra):

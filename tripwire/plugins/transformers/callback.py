@@ -14,7 +14,9 @@ Trainer passed the model `num_items_in_batch`, and the model's loss, seen at the
 items: Transformers' own loss functions divide that sum by the step's count; a loss that takes the mean, like
 BERT's sequence classifier's, ignores the count). On the other steps (and the sampled steps that do not sample the
 loss) the hook only judges it for NaN/Inf (LossWatch), so that a NaN stops training at the step it appears; in one
-process only, as under DDP a stop must be agreed by every rank, which they do at the sampled steps.
+process only, as under DDP a stop must be agreed by every rank, which they do at the sampled steps. Where the
+Trainer computes the loss itself (label smoothing, a `compute_loss_func`, its own `compute_loss`), the loss and the
+labels are read from its `compute_loss` instead (tripwire.plugins.transformers.trainer_loss), the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tripwire.plugins.torch.origin import find_origin
 from tripwire.plugins.torch.relations import BatchWatch, UpdateWatch
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.structure import describe
+from tripwire.plugins.transformers.trainer_loss import calling_trainer, computes_own_loss, wrap_compute_loss
 
 log = logging.getLogger("tripwire")
 # The logs of the Trainer that are no step's: an evaluation's (recorded by on_evaluate) and the summary at the end.
@@ -84,6 +87,8 @@ class TripwireCallback(TrainerCallback, ExportableState):
         self._rank, self._world, self._device = 0, 1, None
         self._model = None
         self._hook = None  # the model's forward hook, while training
+        self._loss_owner = None  # the Trainer, where it computes the loss itself: its compute_loss is read instead
+        self._unwrap = None  # undoes the wrapping of that compute_loss
         self._step = 0  # the global step when the current step began
         self._sampled = False
         self._losses: list = []  # the losses of a sampled step's micro-batches so far
@@ -140,6 +145,10 @@ class TripwireCallback(TrainerCallback, ExportableState):
                 _batches_per_epoch(kwargs.get("train_dataloader")) > 1 else None
             self._share_scale = self._world if getattr(args, "average_tokens_across_devices", False) else 1
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+            trainer = calling_trainer()
+            if trainer is not None and computes_own_loss(trainer):
+                self._loss_owner, self._share_scale = trainer, 1  # its shares are scaled to the rank's already
+                self._unwrap = wrap_compute_loss(trainer, self._on_trainer_loss)
 
     def _location(self, args):
         """out_dir, else the config's `output` where the user's config sets it (None), else beside the checkpoints."""
@@ -180,6 +189,9 @@ class TripwireCallback(TrainerCallback, ExportableState):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap, self._loss_owner = None, None
         if self._capture is not None:
             self._capture.close()
         self._loss_watch.close(self._recorder)
@@ -214,32 +226,46 @@ class TripwireCallback(TrainerCallback, ExportableState):
             if self._sampled:  # before the backward pass, while its graph is whole
                 self._capture.take_functional(output)
             self._capture.new_forward()
-        loss = output.get("loss") if isinstance(output, Mapping) else None
-        if self._sampled and self._capture.wants("losses"):
-            if isinstance(loss, torch.Tensor):
-                self._losses.append(loss.detach())
-                self._shares = self._sums and kwargs.get("num_items_in_batch") is not None
-        elif self._watch_loss and loss is not None and self._nonfinite is None:
-            self._nonfinite = self._loss_watch.see(self._step, loss)
-            if self._nonfinite is not None and self._nonfinite[0] == self._step:  # known before the update
-                self._origin = self._replay(module, args, kwargs)
+        if self._loss_owner is None:
+            loss = output.get("loss") if isinstance(output, Mapping) else None
+            self._see_loss(loss, self._sums and kwargs.get("num_items_in_batch") is not None, kwargs.get("labels"),
+                           lambda: module(*args, **kwargs))
         if self._batches is not None and self._batches.see(self._step, (args, kwargs), self._sampled):
             self._broken.append(("repeated_batch", BatchWatch.IN_A_ROW + 1, self._step))
         if self._sampled:
-            self._capture.take("labels", "", kwargs.get("labels"))
             self._capture.take_inputs(kwargs.get(getattr(module, "main_input_name", "input_ids")))
 
-    def _replay(self, model, args, kwargs) -> dict:
+    def _on_trainer_loss(self, loss, labels, share: bool, replay) -> None:
+        """Each training call of the Trainer's compute_loss, where it computes the loss itself (trainer_loss)."""
+        if self._training and not self._replaying:
+            self._see_loss(loss, share, labels, replay)
+
+    def _see_loss(self, loss, share: bool, labels, forward) -> None:
+        """A micro-batch's loss and labels: kept where the step samples them, else the loss judged for NaN/Inf.
+        share: the loss is a share of the step's; forward: computes it again (to find where a NaN began)."""
+        if self._sampled and self._capture.wants("losses"):
+            if isinstance(loss, torch.Tensor):
+                self._losses.append(loss.detach())
+                self._shares = share
+        elif self._watch_loss and loss is not None and self._nonfinite is None:
+            self._nonfinite = self._loss_watch.see(self._step, loss)
+            if self._nonfinite is not None and self._nonfinite[0] == self._step:  # known before the update
+                self._origin = self._replay(forward)
+        if self._sampled:
+            self._capture.take("labels", "", labels)
+
+    def _replay(self, forward) -> dict:
         """Where this step's NaN began: its forward pass again, from the state it ran in (origin.find_origin)."""
         self._replaying = True
         try:
-            return find_origin(model, lambda: model(*args, **kwargs), computes_loss=True)
+            return find_origin(self._model, forward, computes_loss=True)
         finally:
             self._replaying = False
 
     def _look_at_first_step(self, model, step: int) -> None:
-        """Run this step's forward pass, where a Transformers model computes its loss, under a LossSpy, once: what
-        it does with its loss goes to the run, and says whether the loss sums over its items."""
+        """Run this step's forward pass, where a Transformers model computes its loss (or the Trainer's compute_loss,
+        where the Trainer computes it), under a LossSpy, once: what it does with its loss goes to the run, and says
+        whether the model's loss sums over its items."""
         self._looked = True
 
         def seen(facts) -> None:
@@ -247,7 +273,10 @@ class TripwireCallback(TrainerCallback, ExportableState):
             if self._recorder is not None:
                 self._recorder.first_step(replace(facts, producers=self._capture.producers))
 
-        look_once(model, "forward", step, seen)
+        if self._loss_owner is not None:
+            look_once(self._loss_owner, "compute_loss", step, seen)
+        else:
+            look_once(model, "forward", step, seen)
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         """Gradients after clipping, and the learning rate of this step: the scheduler steps before on_step_end."""
@@ -297,9 +326,9 @@ class TripwireCallback(TrainerCallback, ExportableState):
         if not losses:
             if self._capture.wants("losses") and not self._said_no_loss:
                 self._said_no_loss = True
-                log.warning("tripwire: the model returned no loss at step %s (the Trainer computes it itself with "
-                            "label_smoothing_factor, a compute_loss_func or its own compute_loss): losses/train is "
-                            "not recorded, and a NaN loss is not caught.", self._step)
+                log.warning("tripwire: no training loss was seen at step %s (neither in the model's output nor "
+                            "from the Trainer's compute_loss): losses/train is not recorded, and a NaN loss is not "
+                            "caught.", self._step)
             return None
         total = sum(loss.float().mean() for loss in losses)
         return total * self._share_scale if self._shares else total / len(losses)
