@@ -630,6 +630,32 @@ def test_each_input_of_a_model_of_several_is_captured_by_its_name(tmp_path, give
     assert verdict.rule == "input_not_normalized" and verdict.finding == names[0] and verdict.step == 2
 
 
+@pytest.mark.parametrize("given_as", ["dict", "list"])
+def test_each_target_of_a_model_of_several_outputs_is_captured_by_its_name(tmp_path, given_as, caplog):
+    """A model of two outputs (a digit's class, its ink) trained on a dict of targets by output name, or a list:
+    each target is captured as `labels/<key>` (`labels/y.<i>` for a list); a dict was 'not captured' before."""
+    (xt, yt), _ = helpers.digits()
+    ink = xt.mean(axis=1, keepdims=True)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,))
+    hidden = keras.layers.Dense(32, activation="relu")(inputs)
+    model = keras.Model(inputs, {"digit": keras.layers.Dense(10, activation="softmax", name="digit")(hidden),
+                                 "ink": keras.layers.Dense(1, name="ink")(hidden)})
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss={"digit": "sparse_categorical_crossentropy",
+                                                               "ink": "mse"}, metrics={"digit": ["accuracy"]})
+    cb = TripwireCallback({"sampling": {"every": 10}, "collections": {"labels": {"save": "tensors"}}, "rules": []},
+                          out_dir=tmp_path / "run")
+    y = {"digit": yt, "ink": ink} if given_as == "dict" else [yt, ink]
+    history = model.fit(xt, y, batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[cb]).history
+    assert history["digit_accuracy"][-1] > 0.8, history
+    run = tripwire.open_run(cb.run_url)
+    digit, ink_name = {"dict": ("labels/digit", "labels/ink"), "list": ("labels/y.0", "labels/y.1")}[given_as]
+    assert set(run.tensor_names("labels")) == {digit, ink_name}
+    np.testing.assert_array_equal(run.tensor(digit).value(0).ravel(), yt[:32])
+    np.testing.assert_allclose(run.tensor(ink_name).value(0).ravel(), ink[:32, 0], rtol=1e-6)
+    assert not [r for r in caplog.records if "is not captured" in r.getMessage()]
+
+
 def test_a_nested_model_s_layers_are_read_in_their_order(tmp_path):
     """keras.io's supervised contrastive example nests its encoder, an adapted Normalization first, in the
     classifier. Keras' recursive walk of the layers visits a nested model's layers last-first: the Normalization was

@@ -104,6 +104,18 @@ def _named_inputs(x) -> list:
     return [("x", x)]
 
 
+def _named_labels(y) -> list:
+    """(path, tensor) of a batch's labels: `labels` for one; a model of several outputs trained on a dict of
+    targets gives each its output's key (`labels/<key>`), on a list `labels/y.<i>`."""
+    if y is None:
+        return []
+    if isinstance(y, Mapping):
+        return [(str(key), part) for key, part in y.items()]
+    if isinstance(y, (tuple, list)):
+        return [("", y[0])] if len(y) == 1 else [(f"y.{i}", part) for i, part in enumerate(y)]
+    return [("", y)]
+
+
 class StepCapture:
     """One callback's capture of one model, kept across its fits while Keras' train function stays the same, so
     that its traced functions serve them all (a loop of one-epoch fits traces once); a fresh one after `compile`."""
@@ -314,8 +326,8 @@ class StepCapture:
                 self.emit("inputs", path, part)
             elif ops.is_tensor(part) and keras.backend.is_int_dtype(part.dtype) and not self._reads_ids:
                 self.emit("inputs", path, ops.cast(part, "float32"))  # uint8 pixels, counts: the layer casts them
-        if y is not None:  # a model trained on inputs alone (a GAN, an autoencoder's custom step) has no labels
-            self.emit("labels", "", y)
+        for path, part in _named_labels(y):  # none where a model trains on inputs alone (a GAN's custom step)
+            self.emit("labels", path, part)
         out = self._original_step(*args)
         if self._graph_out:  # TensorFlow graph tensors leave the compiled step with its logs
             out = {**out, LOGS_KEY: self._graph_out}
