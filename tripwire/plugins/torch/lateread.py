@@ -54,6 +54,11 @@ class LateRead:
         self._pending.append((slot, event, payload, flat.numel()))
         return True
 
+    @property
+    def idle(self) -> bool:
+        """Whether no value is waiting to be read."""
+        return not self._pending
+
     def ready(self, wait: bool = False) -> list:
         """(payload, value) of each value whose copy is done, in the order they were put; a value put as a
         tensor comes back as a list of its elements (one element: the element). wait: every value put, waiting for

@@ -326,6 +326,8 @@ class UpdateWatch:
         self._answers = LateRead(width=3, dtype=torch.float32)  # (changed or max |change|, max |grad|, max |before|)
         self._trust: dict = {}  # id(optimizer) -> its steps (since it was last compared again) that changed the
         # witness and moved its version; None where one changed it without moving it
+        self._witness: dict = {}  # id(optimizer) -> (parameter, its group) last chosen, while trusted: kept as long
+        # as it has a gradient and a learning rate above 0 (the choice costs more than the check it serves)
         self.told = False
 
     def before(self, optimizer) -> None:
@@ -352,21 +354,30 @@ class UpdateWatch:
                     "the rest of this run", type(exc).__name__, exc)
 
     def _before(self, optimizer) -> None:
-        self._copies.pop(id(optimizer), None)
+        key = id(optimizer)
+        witness = self._witness.get(key)
+        if witness is not None and not self.told:  # trusted: its version will say, no copy, no choice made again
+            param, group = witness
+            grad, rate = param.grad, group.get("lr")
+            if grad is not None and _positive(rate):
+                self._copies[key] = (param, None, grad, float(rate), param._version)
+                return
+        self._copies.pop(key, None)
         if self.told or isinstance(optimizer, torch.optim.LBFGS):
             return
-        for param, group in self._candidates_of(optimizer):
-            param, grad = local_shard(param), local_shard(param.grad)
+        trusted = (self._trust.get(key) or 0) >= self.TRUSTED
+        for held, group in self._candidates_of(optimizer):
+            param, grad = local_shard(held), local_shard(held.grad)
             if grad is None or grad.layout != torch.strided or param.is_meta or not param.is_floating_point() \
                     or not param.numel():  # an empty parameter (or a rank's empty shard) has nothing to change
                 continue
             rate = group.get("lr")
             if not _positive(rate):
                 continue
-            key = id(optimizer)
-            trusted = (self._trust.get(key) or 0) >= self.TRUSTED
             self._copies[key] = (param, None if trusted else self._copy(key, param.detach()), grad, float(rate),
                                  param._version)
+            if trusted and param is held:  # not a DTensor's shard, which is made anew at each read
+                self._witness[key] = (param, group)
             return
 
     def _copy(self, key: int, value: torch.Tensor) -> torch.Tensor:
@@ -386,13 +397,17 @@ class UpdateWatch:
         if copied is not None:
             param, before, grad, rate, version = copied
             key = id(optimizer)
-            judged = self._judged[key] = self._judged.get(key, 0) + 1
             written = param._version != version
+            if before is None and written and self._answers.idle:  # trusted, and the version says it changed:
+                self._broken.pop(key, None)  # no step in a row left it unchanged (the count of steps judged that
+                return None  # `_judge` keeps is for such steps in a row, which this one ends)
+            judged = self._judged[key] = self._judged.get(key, 0) + 1
             payload = (key, judged, step, rate, param.dtype, written)
             if before is None:  # trusted: the version says
                 if written:
                     return self._judge(self._answers.ready() + [(payload, (1.0, 0.0, 0.0))])
                 self._trust[key], before = 0, param.detach()  # as it was: judged unchanged, compared from now on
+                self._witness.pop(key, None)
             if param.device.type == "cpu":  # judged at once, the cheap comparison first
                 changed = not torch.equal(param.detach(), before)  # one call, no tensor made (NaN counts as changed)
                 answer = (1.0, 0.0, 0.0) if changed else (0.0, float(_largest(grad)), float(_largest(before)))
