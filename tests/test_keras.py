@@ -192,7 +192,10 @@ def test_a_model_compiled_with_xla_is_captured(tmp_path):
     assert np.all(np.isfinite(l2) & (l2 > 0))
 
 
-def test_unsampled_steps_run_one_step_function_only_during_a_fit_with_tripwire(tmp_path):
+def test_unsampled_steps_run_one_step_function_from_a_fit_with_tripwire_until_compile(tmp_path):
+    """The one-step function stands in for Keras' own, traced in its place: it stays the model's train function
+    after the fit (a later fit trains what it traced, as with Keras' own: test_a_layer_s_trainable_changed…), and
+    hands what is no dataset iterator to Keras' (train_on_batch passes a generator); compile() ends it."""
     from tripwire.plugins.keras.tf_step import UnsampledSteps
 
     model = mlp()
@@ -206,10 +209,12 @@ def test_unsampled_steps_run_one_step_function_only_during_a_fit_with_tripwire(t
     cb = TripwireCallback({"collections": {"gradients": {}}, "sampling": {"every": 10}}, out_dir=tmp_path / "run")
     fit(cb, model, epochs=1, validation=False, callbacks=[Spy()])
     assert seen.count(UnsampledSteps) == 43 - 5
-    keras_own = model.train_function  # Keras' function again after the fit: train_on_batch hands it a generator
-    assert not isinstance(keras_own, UnsampledSteps)
+    stays = model.train_function
+    assert isinstance(stays, UnsampledSteps) and stays.keras_function is keras_function_of(model)
     (x, y), _ = helpers.digits()
     assert np.isfinite(model.train_on_batch(x[:32], y[:32]))
+    model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)  # without tripwire: the same function, as traced
+    assert model.train_function is stays and stays.function.experimental_get_tracing_count() == 1
     capture = cb._capture
     functions = [capture._unsampled.function, *capture._functions.values()]
     fit(cb, model, epochs=1, validation=False)  # fitting again reuses the functions and their traces
@@ -217,8 +222,51 @@ def test_unsampled_steps_run_one_step_function_only_during_a_fit_with_tripwire(t
     assert [f.experimental_get_tracing_count() for f in functions] == [1, 1]
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     fit(cb, model, epochs=1, validation=False)  # a new optimizer: Keras made a new function, and so does tripwire
-    assert cb._capture is not capture and model.train_function is not keras_own
-    assert not isinstance(model.train_function, UnsampledSteps)
+    assert cb._capture is not capture and keras_function_of(model) is not stays.keras_function
+    assert model.train_function is cb._capture._unsampled
+
+
+def fine_tune(change: str, callbacks_of) -> tuple[float, float]:
+    """keras.io's transfer-learning recipe on digits: fit with the base frozen (or trainable), flip the base's
+    `trainable` (`change`: "unfreeze" or "freeze"), fit again, compiled again or not ("…_recompiled"); the
+    largest change of the base's and the head's kernels over the second fit. callbacks_of(phase) lists each fit's."""
+    (x, y), _ = helpers.digits()
+    keras.utils.set_random_seed(0)
+    base = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu")], name="base")
+    head = keras.layers.Dense(10, name="head")
+    model = keras.Sequential([base, head])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    base.trainable = change.startswith("freeze")
+    model.compile(keras.optimizers.Adam(1e-3), loss)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=callbacks_of(1))
+    base.trainable = not base.trainable
+    if change.endswith("recompiled"):
+        model.compile(keras.optimizers.Adam(1e-3), loss)
+    before = [keras.ops.convert_to_numpy(layer.kernel).copy() for layer in (base.layers[0], head)]
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=callbacks_of(2))
+    return tuple(float(np.abs(keras.ops.convert_to_numpy(layer.kernel) - b).max())
+                 for layer, b in zip((base.layers[0], head), before))
+
+
+@pytest.mark.parametrize("change", ["unfreeze", "freeze", "unfreeze_recompiled"])
+@pytest.mark.parametrize("first_fit", ["keras", "tripwire"])
+def test_a_layer_s_trainable_changed_without_compile_trains_as_keras_does_and_is_an_error(tmp_path, change,
+                                                                                            first_fit):
+    """Keras' TensorFlow train function, once traced, trains the variables it was traced with until compile():
+    a base unfrozen for fine-tuning without compile() is not trained, one frozen is still trained (Keras warns).
+    A function tripwire traced afresh trained the others or failed ("Unknown variable"), whether tripwire watched
+    the first fit or only the second: the fit must train what it trains without tripwire, and say why."""
+    alone = fine_tune(change, lambda phase: [])
+    config = {"sampling": {"every": 5}, "collections": {"losses": {}, "weights": {}, "gradients": {}},
+              "rules": ["training_relations"]}
+    callbacks = {phase: TripwireCallback(config, out_dir=tmp_path / f"fit{phase}") for phase in (1, 2)}
+    watched = fine_tune(change, lambda phase: [callbacks[phase]] if phase == 2 or first_fit == "tripwire" else [])
+    assert watched == pytest.approx(alone, rel=1e-5)
+    assert (alone[0] > 0) == (change == "freeze") or change.endswith("recompiled") and alone[0] > 0
+    run = tripwire.open_run(callbacks[2].run_url)
+    found = [(v.finding, v.step, v.severity) for v in run.verdicts() if v.fired]
+    relation = {"unfreeze": "trainable_after_compile", "freeze": "frozen_after_compile"}.get(change)
+    assert found == ([(relation, run.steps()[0], "error")] if relation else [])  # at the second fit's first step
 
 
 class Interrupt(keras.callbacks.Callback):
@@ -233,12 +281,12 @@ def test_a_fit_cut_short_in_a_sampled_step_leaves_keras_function_to_the_next_fit
     config = {"collections": {"gradients": {}}, "sampling": {"every": 5}}
     cb = TripwireCallback(config, out_dir=tmp_path / "a")
     model = fit(cb, epochs=1, validation=False)
-    keras_own = model.train_function
+    keras_own = keras_function_of(model)
     with pytest.raises(KeyboardInterrupt):  # on_train_end never comes: the capture function is still in place
         fit(cb, model, epochs=1, validation=False, callbacks=[Interrupt()])
     other, base = TripwireCallback(config, out_dir=tmp_path / "b"), int(model.optimizer.iterations)
     fit(other, model, epochs=1, validation=False)  # another callback: finds Keras' function under tripwire's
-    assert model.train_function is keras_own
+    assert keras_function_of(model) is keras_own
     assert tripwire.open_run(other.run_url).tensor(f"gradients/{model.layers[0].kernel.path}").steps() == \
         [s for s in range(base, base + 43) if s % 5 == 0]
     with pytest.raises(KeyboardInterrupt):
@@ -246,7 +294,7 @@ def test_a_fit_cut_short_in_a_sampled_step_leaves_keras_function_to_the_next_fit
     # compiled again (the same optimizer, hooked already): Keras makes a new function at the next fit
     model.compile(optimizer=model.optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     fit(cb, model, epochs=1, validation=False)  # the same callback: it must not put back the function of before
-    assert model.train_function is not keras_own and keras_function_of(model) is model.train_function
+    assert keras_function_of(model) is not keras_own and model.train_function is cb._capture._unsampled
 
 
 class StepsRun(keras.callbacks.Callback):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from .base import Requirement, Rule, values_at
 
+_RECOMPILE = ("Call model.compile(...) again after setting a layer's `trainable`, before the next fit (Keras' transfer "
+              "learning guide: unfreeze, recompile with a low learning rate, fit).")
 # relation -> (severity, what broke, the hint that names the change)
 RELATIONS = {
     "stale_gradients": (
@@ -110,6 +112,18 @@ RELATIONS = {
         "on_train_epoch_end (or in training_step when self.trainer.is_last_batch) for a schedule per epoch, every "
         "N batches for one per step; a ReduceLROnPlateau takes the monitored value, "
         "sch.step(self.trainer.callback_metrics['val_loss'])."),
+    "trainable_after_compile": (
+        "error",
+        "{n} variable(s) of layers made trainable after the model's train function was made (the training log "
+        "names them) are not trained by this fit: Keras' TensorFlow train function, once traced, trains the "
+        "variables it was traced with until compile() is called again",
+        _RECOMPILE),
+    "frozen_after_compile": (
+        "error",
+        "{n} variable(s) of layers frozen after the model's train function was made (the training log names them) "
+        "are still trained by this fit: Keras' TensorFlow train function, once traced, trains the variables it "
+        "was traced with until compile() is called again",
+        _RECOMPILE),
 }
 
 # Relations broken only past a count: a GradScaler skips the first steps of fp16 training until its scale fits
@@ -174,10 +188,14 @@ class TrainingRelations(Rule):
                 "JAX); `schedule_never_stepped` — under Lightning's manual optimisation, a learning-rate scheduler "
                 "from configure_optimizers whose step count has not moved since the training started, judged once, "
                 "after twice its declared interval of epochs (two epochs for one per step or per epoch) and their "
-                "epoch-end hooks, or at the end of a training that ran that long (warning). PyTorch: the probe, "
-                "Lightning and the Hugging Face Trainer; `stale_gradients` can break only where the user clears "
-                "gradients (the probe, Lightning's manual optimisation). Keras applies its gradients itself: of these "
-                "it can break `skipped_steps` only")
+                "epoch-end hooks, or at the end of a training that ran that long (warning); "
+                "`trainable_after_compile` and `frozen_after_compile` — at a Keras fit's first step on TensorFlow, "
+                "variables whose layer's `trainable` changed after the model's train function first applied "
+                "gradients (told by the variables its optimizer was built for), which that function, reused until "
+                "compile(), leaves untrained or trains all the same (error; that fit runs Keras' own function "
+                "alone). PyTorch: the probe, Lightning and the Hugging Face Trainer; `stale_gradients` can break "
+                "only where the user clears gradients (the probe, Lightning's manual optimisation). Keras applies its "
+                "gradients itself: of these it can break `skipped_steps` and the two of `trainable` only")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
     source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
               "within an iteration; here the relations are known in advance and judged from facts the plugin "

@@ -36,6 +36,7 @@ from .firststep import first_step
 from .hooks import hook_model
 from .steploss import StepLosses, nonfinite_logged_loss
 from .structure import describe
+from .tf_step import trained_apart
 
 log = logging.getLogger("tripwire")
 # What a Keras fit shows: not a booster's trees, nor the torch loop's relations (Keras computes gradients afresh
@@ -96,10 +97,11 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._capture is not None:  # a fit that raised left the capture in place: Keras has no hook for that
             self._capture.close()
         structure = describe(model)
-        self._open(model, structure)
+        apart = trained_apart(model)
+        self._open(model, structure, relations=any(apart))
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
-        self._guard = hook_model(model)
+        self._guard = hook_model(model, remake=not any(apart))
         self._sampled = ()
         if self._capture is None or not self._capture.serves(model):
             self._capture = StepCapture(model, self._plan, structure)
@@ -110,13 +112,27 @@ class TripwireCallback(keras.callbacks.Callback):
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
         self._counted = (_steps_taken(model), self._base - 1) if _skips_steps(model) else None
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
+        self._tell_trained_apart(*apart)
+
+    def _tell_trained_apart(self, made: list, frozen: list) -> None:
+        """Variables whose layer's `trainable` changed after Keras' train function was traced, which this fit
+        leaves untrained or trains all the same (tf_step.trained_apart): their layers named in the log, the
+        relations told at the fit's first step."""
+        for relation, variables, *what in (("trainable_after_compile", made, "made trainable", "not trained"),
+                                           ("frozen_after_compile", frozen, "frozen", "still trained")):
+            if variables:
+                log.warning("tripwire: layers %s after the model's train function was made, so %s by this fit "
+                            "(call compile() again): %s", *what,
+                            ", ".join(sorted({v.path.rpartition("/")[0] for v in variables})))
+                self._decide(self._recorder.check_relation(self._base, relation, len(variables)), self._base)
 
     def on_train_end(self, logs=None):
         self._next = self._epoch_end()
         self._close(self._state)
 
-    def _open(self, model, structure=None) -> None:
-        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
+    def _open(self, model, structure=None, relations: bool = False) -> None:
+        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again).
+        relations: the fit breaks a relation the plugin tells (besides skipped steps)."""
         if self._recorder is None:
             # the model this callback trained goes on (it took steps): append to its run
             goes_on = self.run_url is not None and (_steps_taken(model) > 0 or model is self._fit_model)
@@ -126,7 +142,8 @@ class TripwireCallback(keras.callbacks.Callback):
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
                                       info={"keras_backend": keras.backend.backend()},
-                                      provides=PROVIDES | {"relations"} if _skips_steps(model) else PROVIDES,
+                                      provides=PROVIDES | {"relations"} if _skips_steps(model) or relations
+                                      else PROVIDES,
                                       model=structure if structure is not None else _built(model),
                                       append=self.append or goes_on)
             self._recorder.start()
@@ -192,9 +209,10 @@ class TripwireCallback(keras.callbacks.Callback):
             self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
         for key, value in (logs or {}).items():
             if key == "loss" and "losses" in plans and "losses/train" not in values and np.ndim(value) == 0:
-                self._capture.warn_once("loss", "tripwire: the train step did not hand its loss to "
-                                        "model.optimizer.scale_loss(), so losses/train is told from the loss Keras "
-                                        "logs, the mean over the epoch so far.")
+                why = "the train step did not hand its loss to model.optimizer.scale_loss()" if \
+                    self._capture.retraces else "this fit runs the train function traced before `trainable` changed"
+                self._capture.warn_once("loss", f"tripwire: {why}, so losses/train is told from the loss Keras logs, "
+                                        "the mean over the epoch so far.")
                 values["losses/train"] = {"value": own if own is not None else float(value)}
             elif key != "loss" and "metrics" in plans and plans["metrics"].selects(key) and np.ndim(value) == 0:
                 values[f"metrics/{key}"] = {"value": float(value)}

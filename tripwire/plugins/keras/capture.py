@@ -55,7 +55,7 @@ from tripwire.core.reductions import reduce as reduce_numpy
 from .hooks import KeptLoss, all_hooks
 from .reduce import COMPUTE as DEVICE_REDUCTIONS
 from .reduce import reduce_ops
-from .tf_step import UnsampledSteps, covers, one_step_function
+from .tf_step import UnsampledSteps, covers, one_step_function, trained_apart
 
 log = logging.getLogger("tripwire")
 
@@ -133,6 +133,7 @@ class StepCapture:
         self._everything = frozenset(plan.collections) & IN_STEP
         self._emitting: dict = {}  # the plans of the collections the running capture hands over
         self._normal = None
+        self.retraces = True  # this fit may trace functions of tripwire's (start)
         self._kept_loss: KeptLoss | None = None  # this step's loss is read from there
         self._functions: dict = {}  # the collections it captures -> capture function
         self._seen: dict = {}  # same key -> the optimizer hooks that ran in it
@@ -150,15 +151,23 @@ class StepCapture:
         self.keras_function = keras_function_of(model)
         # integer inputs are ids where a layer looks them up (token ids are not measurements), else measurements
         self._reads_ids = any(isinstance(layer, ID_LAYERS) for layer in model._flatten_layers())
-        # what runs the unsampled steps of a fit in place of Keras' function, where tf_step covers the model
-        self._unsampled = UnsampledSteps(model, self.keras_function) if covers(model) else None
+        # what runs the unsampled steps of a fit in place of Keras' function, where tf_step covers the model: the
+        # one an earlier capture of this function left in place, traced already, or a new one
+        current = model.train_function
+        self._unsampled = current if isinstance(current, UnsampledSteps) and \
+            current.keras_function is self.keras_function else \
+            UnsampledSteps(model, self.keras_function) if covers(model) else None
 
     def serves(self, model) -> bool:
         return model is self.model and keras_function_of(model) is self.keras_function
 
     def start(self) -> None:
-        """A fit begins."""
-        if self._unsampled is not None:
+        """A fit begins. Where the model's train function, traced already, trains other variables than the model's
+        trainable ones (tf_step.trained_apart), no function is traced in this fit: one traced now would train the
+        others, where Keras' would not. The fit then runs the train function in place (tripwire's traced one, or
+        Keras'), and its sampled steps capture only its loss, where that function keeps it."""
+        self.retraces = not any(trained_apart(self.model))
+        if self._unsampled is not None and (self.retraces or self._unsampled.traced):
             self._set_train_function(self._unsampled)
 
     # -- phases ---------------------------------------------------------------------------------------------------
@@ -167,10 +176,10 @@ class StepCapture:
         self.active = {c.name: c for c in collections}
         self.values, self.tensors = {}, {}
         self.budget = self.budget_of() if self.budget_of is not None else None
-        needed = frozenset(self.active) & IN_STEP
+        needed = frozenset(self.active) & (IN_STEP if self.retraces else {"losses"})
         self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
         self._kept_loss = self._kept_loss_of() if needed == {"losses"} else None
-        if needed and self._kept_loss is None:
+        if needed and self._kept_loss is None and self.retraces:
             self._normal = self.model.train_function
             self._set_train_function(self._run)
 
@@ -210,10 +219,12 @@ class StepCapture:
 
     def close(self) -> None:
         """Keras' train function back in place, unless something else replaced ours (a fit may have been cut
-        short inside a sampled step, and the model compiled again since)."""
+        short inside a sampled step, and the model compiled again since); the function of the unsampled steps
+        stays, where it was traced (UnsampledSteps)."""
         current = self.model.train_function
-        if current == self._run or (current is not None and current is self._unsampled):
-            self._set_train_function(self.keras_function)
+        if current == self._run or current is not None and current is self._unsampled:
+            traced = self._unsampled is not None and self._unsampled.traced
+            self._set_train_function(self._unsampled if traced else self.keras_function)
         self._normal = None
 
     def _set_train_function(self, function) -> None:

@@ -100,12 +100,13 @@ def wrap_optimizer(optimizer):
     return optimizer
 
 
-def hook_model(model):
+def hook_model(model, remake: bool = True):
     """Wrap the model's optimizer, and put the guard that finds where a NaN began in place of its train step
     (origin.py); returns the guard (None where it does not apply). Keras' train function holds the train step it
     was made with (TensorFlow, JAX) and, on TensorFlow, traces the loss hook into itself (`KeptLoss`): where either
     is put in place only now, Keras makes its function again: before its first call that costs no trace; after a
-    fit without tripwire, one trace, as a capture function would."""
+    fit without tripwire, one trace, as a capture function would. remake: False where that trace would train other
+    variables than the function in place (tf_step.trained_apart): the hooks then wait for the next compile()."""
     optimizer = model.optimizer
     if optimizer is None:
         return None
@@ -114,7 +115,7 @@ def hook_model(model):
     new_guard = not isinstance(vars(model).get("train_step"), origin.StepGuard) and backend != "torch"
     wrap_optimizer(optimizer)
     step_guard = origin.guard(model)
-    if (new_hook or new_guard and step_guard is not None) and model.train_function is not None:
+    if (new_hook or new_guard and step_guard is not None) and model.train_function is not None and remake:
         model.make_train_function(force=True)
     return step_guard
 

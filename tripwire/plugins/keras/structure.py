@@ -18,6 +18,8 @@ import keras
 
 from tripwire.core.model import ModelInfo, Parameter
 
+from .tf_step import trained_apart
+
 L = keras.layers
 
 
@@ -169,9 +171,11 @@ def _activation_inputs(model) -> dict[str, str]:
 
 
 def describe(model) -> ModelInfo:
-    """Every parameter of a built Keras model with its layer, type, role, shape and fans; frozen ones (a layer with
-    trainable False) with trainable False."""
-    trainable = {id(v) for v in model.trainable_variables}
+    """Every parameter of a built Keras model with its layer, type, role, shape and fans; those the fit does not
+    train (a layer with trainable False, or made trainable after Keras' train function was traced:
+    tf_step.trained_apart) with trainable False."""
+    made, frozen = ({id(v) for v in variables} for variables in trained_apart(model))
+    trainable = {id(v) for v in model.trainable_variables} - made | frozen
     followers = _followers(model)
     parameters = {}
     for layer in _in_order(model):

@@ -27,6 +27,26 @@ def covers(model) -> bool:
             and type(model).make_train_function.__module__.startswith("keras."))
 
 
+def trained_apart(model) -> tuple[list, list]:
+    """(made trainable, frozen): the variables whose `trainable` changed after Keras' TensorFlow
+    train function first applied gradients, by the variables its optimizer was built for then. That function,
+    once traced, trains those variables until compile() makes a new one (Keras warns: "A layer's `trainable`
+    state has changed since the model was compiled"): the ones made trainable since are not trained, the ones
+    frozen since still are. A function traced afresh (every function of tripwire's) would train the others, or
+    fail on them ("Unknown variable"), so such a fit runs Keras' function alone. ([], []) where nothing changed,
+    the optimizer has not stepped yet, on other backends (torch reads the flags at every step; JAX is not
+    judged), and for a train_step of the model's own, whose optimizer may hold any part of it."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed precision, a LossScaleOptimizer
+    built = getattr(optimizer, "_trainable_variables", None) if getattr(optimizer, "built", False) else None
+    if keras.backend.backend() != "tensorflow" or not built or \
+            not type(model).train_step.__module__.startswith("keras."):
+        return [], []
+    now = {id(v): v for v in model.trainable_variables}
+    then = {id(v): v for v in built}
+    return [v for key, v in now.items() if key not in then], [v for key, v in then.items() if key not in now]
+
+
 def one_step_function(model):
     """A tf.function that takes the next batch from a dataset iterator and runs `model.train_step` on it.
 
@@ -47,8 +67,11 @@ def one_step_function(model):
 
 
 class UnsampledSteps:
-    """Stands in for Keras' train function during a fit with tripwire: a one-step function for dataset
-    iterators, Keras' own function for anything else it is handed (`train_on_batch` passes a generator)."""
+    """Stands in for Keras' train function from a fit with tripwire on: a one-step function for dataset
+    iterators, Keras' own function for anything else it is handed (`train_on_batch` passes a generator). Once
+    traced, it stays the model's train function after the fit, until compile() makes a new one, as Keras' own
+    would have been traced in its place: a later fit, with tripwire or without, trains what it traced
+    (trained_apart)."""
 
     def __init__(self, model, keras_function):
         import tensorflow as tf
@@ -56,6 +79,10 @@ class UnsampledSteps:
         self.keras_function = keras_function
         self.function = one_step_function(model)
         self._iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
+
+    @property
+    def traced(self) -> bool:
+        return self.function.experimental_get_tracing_count() > 0
 
     def __call__(self, iterator):
         if isinstance(iterator, self._iterators):
