@@ -2,6 +2,8 @@
 training. Each test is one of the false alarms or wrong captures tried on ordinary models; the zoo (test_zoo.py)
 holds the whole architectures."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -276,6 +278,26 @@ def test_dead_relu_without_batches_large_enough_says_so(tmp_path):
     (verdict,) = tripwire.open_run(callback.run_url).verdicts()
     assert verdict.rule == "dead_relu" and verdict.status == "no_data" and "fewer than 16 samples" in verdict.message \
         and "LeakyReLU" in verdict.message
+
+
+@pytest.mark.parametrize("labels", ["true", "shuffled"])
+def test_most_units_dead_in_a_model_that_learns_is_info(tmp_path, labels):
+    """80 % of a hidden ReLU layer's units dead from the start (biases of -20), the other 20 % alive: on the
+    digits the units left carry a model that learns (DeepLocalize 47352366's fixed program, the TensorFlow
+    tutorial's CNN at 97 % accuracy with 70-80 % of a convolution's channels dead, was warned): info once the
+    training loss is below half of ln 10. On shuffled labels, where it learns nothing, a warning as before."""
+    def kill_most(net):
+        torch.nn.init.constant_(net[0].bias[:52], -20.0)
+
+    config = {"rules": ["dead_relu"], "sampling": {"every": 50}}
+    callback = TripwireCallback(config, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, helpers.mlp_module(hidden=(64,), init=kill_most), max_epochs=4,
+                          loaders=None if labels == "true" else shuffled_loaders())
+    found = {(v.step, v.severity) for v in tripwire.open_run(callback.run_url).verdicts() if v.rule == "dead_relu"
+             and v.fired}
+    assert found == {(100, "info" if labels == "true" else "warning")}  # first judged at the third sample
+    val_loss = float(trainer.callback_metrics["val_loss"])
+    assert val_loss < 0.7 if labels == "true" else val_loss > 0.95 * math.log(10)  # learns, or stays at chance
 
 
 def test_dead_relu_judges_relu_layers_only(tmp_path):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..ranges import COUNT, PERCENT
-from .base import NotApplicable, Requirement, Rule, held, values_at
+from ..ranges import COUNT, PERCENT, SHARE
+from .base import NotApplicable, Requirement, Rule, held, loss_fell_below, values_at
+from .baselines import untrained_loss
 
 
 @dataclass
@@ -15,14 +16,18 @@ class DeadRelu(Rule):
 
     threshold_layer: float = 70.0  # percent of a layer's units
     patience: int = 3
+    learned: float = 0.5  # some units alive, and a training loss below this share of an untrained model's: info
 
     name = "dead_relu"
-    limits = {"threshold_layer": PERCENT, "patience": COUNT}
+    limits = {"threshold_layer": PERCENT, "patience": COUNT, "learned": SHARE}
     condition = ("in a ReLU layer (in torch, also a ReLU applied as a function to a layer's output, "
                  "`activations/fc1:relu`), more than `threshold_layer` % of the units are never positive over the "
                  "sampled batch (reduction dead_fraction, taken on batches of at least 16 samples; a unit is an "
                  "output feature, a convolution's channel over every position, since its weights are shared across "
                  "them) at each of the last `patience` samples; an error where every unit of the layer is dead; "
+                 "info where some are alive and the training loss is below `learned` times what an untrained "
+                 "model scores (the smaller of its first loss and ln C, or its targets' variance under mean squared "
+                 "error): the units left carry a model that learns; "
                  "layers holding NaN/Inf are left to exploding_tensor")
     hint = ("ReLU units died: they output 0 for every input, so they get no gradient and never recover. Likely "
             "causes: a learning rate too high, large negative biases, poor initialisation. Try: a lower learning "
@@ -35,12 +40,14 @@ class DeadRelu(Rule):
 
     def requires(self):
         return [Requirement("activations", ("dead_fraction",), include=("relu",)),
-                Requirement("biases", ("mean", "max"), optional=True)]
+                Requirement("biases", ("mean", "max"), optional=True), Requirement("losses", optional=True)]
 
     def __post_init__(self):
         self._judged: set = set()  # workers whose ReLU layers came in a batch large enough at some sample
+        self._first_loss: dict = {}
 
     def check(self, run, step):
+        learns = loss_fell_below(run, step, self._first_loss, self.learned, untrained_loss(run))
         dead = values_at(run, step, "dead_fraction", ["activations"])
         if dead:
             self._judged.add(run.default_worker)
@@ -59,11 +66,16 @@ class DeadRelu(Rule):
             if onset is None:
                 continue
             layer, where, hint = _behind(run, step, name)
+            severity = "error" if share >= 1.0 else "info" if learns else "warning"
             found.append(self.fire(step, f"{share:.0%} of the units of {name}{where} are dead (never positive in the "
                                          f"batch) at {self.patience} samples in a row since step {onset}; limit "
-                                         f"{self.threshold_layer:g}%.", severity="error" if share >= 1.0 else "warning",
-                                   finding=name, hint=hint, onset=onset, layer=name, feeds_from=layer, share=share))
+                                         f"{self.threshold_layer:g}%." + (LEARNS if severity == "info" else ""),
+                                   severity=severity, finding=name, hint=hint, onset=onset, layer=name,
+                                   feeds_from=layer, share=share))
         return found or None
+
+
+LEARNS = " The units left carry a model that learns (its training loss is below half of an untrained model's)."
 
 
 def _behind(run, step: int, activation: str) -> tuple[str | None, str, str]:

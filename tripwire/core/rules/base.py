@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 from typing import ClassVar
 
@@ -224,11 +225,13 @@ def reductions_at(run, step: int, collections=(), regex: str = "") -> dict[str, 
     return out
 
 
-def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
-    """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker):
-    a model that has learned, whose small or zero gradients are convergence, not a fault. The loss is the newest
-    stored, the step's own where it is stored: the gradients judged come from the same batch (one sample fit
-    exactly, at batch size 1, passes back no gradient at all). False where the run holds no training loss."""
+def loss_fell_below(run, step: int, first: dict, share: float, untrained: float | None = None) -> bool:
+    """Whether the training loss at this step is below `share` of the first one seen (kept in `first` per worker),
+    and of `untrained` where given (what a model that learned nothing scores: a loss that starts far above it has
+    learned nothing yet at half its start): a model that has learned, whose small or zero gradients are
+    convergence, not a fault. The loss is the newest stored, the step's own where it is stored: the gradients
+    judged come from the same batch (one sample fit exactly, at batch size 1, passes back no gradient at all).
+    False where the run holds no training loss."""
     if "losses/train" not in run.tensor_names("losses"):
         return False
     steps, values = run.tensor("losses/train").tail(None, 1)
@@ -236,7 +239,7 @@ def loss_fell_below(run, step: int, first: dict, share: float) -> bool:
         return False
     loss = float(values[-1])
     initial = first.setdefault(run.default_worker, loss)
-    return abs(loss) < share * abs(initial)
+    return abs(loss) < share * min(abs(initial), abs(untrained) if untrained is not None else math.inf)
 
 
 # The training forward passes per step, as the torch probe counted them over the first steps (where the config

@@ -1,9 +1,10 @@
 """What a training loss is measured against, beside its own start: the least it can reach (its targets' entropy
-under binary cross-entropy), what predicting the targets' mean scores, how far the steps move the weights (a loss
+under binary cross-entropy), what guessing scores (ln C), what predicting the targets' mean scores, how far the steps move the weights (a loss
 that stays put while they move learns nothing that holds), and a booster whose trees never split."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -23,6 +24,28 @@ def constant_predictor_loss(run) -> float | None:
     if len(uses) != 1 or uses[0].loss != "mse_loss" or uses[0].labels is None:
         return None
     return uses[0].labels.variance or None
+
+
+def chance_loss(run) -> tuple[float, int] | None:
+    """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
+    and takes the mean of its terms (the first step's record), else None. A loss that sums them (pytorch/examples'
+    VAE sums the binary cross-entropy of every pixel), or hands them to the loop to add up (reduction "none"), is
+    many times ln C however well the model fits."""
+    first = run.first_step
+    for use in first.losses if first is not None else ():
+        if use.reads == "scores" or use.kind not in ("categorical", "binary") or use.terms is not None or \
+                use.settings.get("reduction") in ("sum", "none"):
+            continue
+        classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
+        return math.log(classes), classes
+    return None
+
+
+def untrained_loss(run) -> float | None:
+    """What a model that learned nothing from its inputs scores: ln C for a classifier (chance_loss), the targets'
+    variance under mean squared error (constant_predictor_loss); None where neither is known."""
+    chance = chance_loss(run)
+    return chance[0] if chance is not None else constant_predictor_loss(run)
 
 
 def unsplit(run, verdict):

@@ -17,7 +17,8 @@ import numpy as np
 from ..naming import collection_of
 from ..ranges import Range
 from .base import NotApplicable, Requirement, Rule, checked_mode
-from .overfit import _chance, logged_as
+from .baselines import chance_loss
+from .overfit import logged_as
 
 
 @dataclass
@@ -94,7 +95,7 @@ class FirstEvaluation(Rule):
         start = train[(train_steps <= max(eval_step, train_steps[0])) & np.isfinite(train)]
         if not len(start) or not math.isfinite(first_eval):
             return None  # a NaN is exploding_tensor's
-        chance = _chance(run)
+        chance = chance_loss(run)
         baseline = max(float(start.max()), chance[0] if chance is not None else 0.0)
         if baseline <= 0 or first_eval <= self.factor * baseline or \
                 (trained and not float(np.min(val[1:confirming + 1])) > baseline):

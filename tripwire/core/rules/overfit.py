@@ -16,6 +16,7 @@ import numpy as np
 from ..naming import collection_of
 from ..ranges import COUNT, SHARE
 from .base import Requirement, Rule, checked_mode
+from .baselines import chance_loss
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Overfit(Rule):
                  settled)
         if not seen.full:
             return None
-        chance = _chance(run)
+        chance = chance_loss(run)
         train_now = seen.recent[-1][2]
         recent = [value for _, value, _, _, _ in seen.recent]
         best, best_step, train_at_best, rate_at_best = seen.best
@@ -174,21 +175,6 @@ def _rate(run, step: int) -> float:
     steps, rates = run.tensor("optimizer/lr").series(mode="train")
     i = int(np.searchsorted(steps, step, side="right")) - 1
     return float(rates[i]) if i >= 0 else math.nan
-
-
-def _chance(run) -> tuple[float, int] | None:
-    """(the loss of guessing, ln C; C) for a classifier whose loss reads its output as a neural network's does
-    and takes the mean of its terms (the first step's record), else None. A loss that sums them (pytorch/examples'
-    VAE sums the binary cross-entropy of every pixel), or hands them to the loop to add up (reduction "none"), is
-    many times ln C however well the model fits."""
-    first = run.first_step
-    for use in first.losses if first is not None else ():
-        if use.reads == "scores" or use.kind not in ("categorical", "binary") or use.terms is not None or \
-                use.settings.get("reduction") in ("sum", "none"):
-            continue
-        classes = use.units if use.kind == "categorical" and use.units and use.units >= 2 else 2
-        return math.log(classes), classes
-    return None
 
 
 KEPT = 256  # evaluations before the newest `patience` that overfit keeps, to find where a rise began
