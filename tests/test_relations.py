@@ -545,6 +545,53 @@ def test_lightning_a_schedule_manual_optimisation_never_steps_is_a_warning(tmp_p
         assert lr == pytest.approx(0.1 * 0.7 ** 3) and findings(run) == []
 
 
+class Scheduled(pl.LightningModule):
+    """An MLP on digits under AdamW and a schedule returned from configure_optimizers: a warmup over 200 optimizer
+    steps (Transformers' get_linear_schedule_with_warmup's shape) or a StepLR halving every 2 epochs, returned at
+    Lightning's default interval (the epoch) or with "interval": "step"."""
+
+    def __init__(self, schedule, interval):
+        super().__init__()
+        self.schedule, self.interval = schedule, interval
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 200)) \
+            if self.schedule == "warmup_in_steps" else torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.interval}}
+
+
+@pytest.mark.parametrize("schedule, interval, wrong", [
+    ("warmup_in_steps", "epoch", True), ("warmup_in_steps", "step", False),
+    ("steplr_in_epochs", "step", True), ("steplr_in_epochs", "epoch", False)])
+def test_lightning_a_schedule_stepped_at_an_interval_it_was_not_written_for_is_a_warning_at_step_0(
+        tmp_path, schedule, interval, wrong, caplog):
+    """A warmup counted in optimizer steps returned without "interval": "step" never leaves its warmup (a
+    silent-bug hunt's Lightning port: val_acc 0.61 against 0.96); a StepLR counted in epochs stepped per batch
+    takes the rate to 0 within the first epoch. Told before the first step, from a copy of the scheduler stepped
+    over the planned training; the same schedules at their own interval are silent and learn."""
+    callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+    trainer = helpers.fit(callback, Scheduled(schedule, interval), max_epochs=4)
+    assert (trainer.callback_metrics["val_acc"] > 0.9) is not wrong
+    found = findings(tripwire.open_run(callback.run_url))
+    assert found[:1] == ([("schedule_interval", 0, "warning")] if wrong else [])  # then the rate rounds away
+    if wrong:
+        assert {"warmup_in_steps": "LambdaLR (learning rate 1.5e-05): stepped per epoch, its rate never gets "
+                                   "past 3% of its peak in the 4 epoch(s) planned",
+                "steplr_in_epochs": "StepLR (learning rate 0.003): stepped per optimizer step, its rate is "
+                                    "0.0039 of its base rate a tenth into the 172 steps"}[schedule] in caplog.text
+
+
 class ManualSAM(Manual):
     """Manual optimisation with SAM through its own two calls (the common implementation, test_probe's): the base
     optimizer steps, while Lightning, which counts the steps of its wrapper, stays at step 0."""

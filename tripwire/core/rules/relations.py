@@ -112,6 +112,15 @@ RELATIONS = {
         "on_train_epoch_end (or in training_step when self.trainer.is_last_batch) for a schedule per epoch, every "
         "N batches for one per step; a ReduceLROnPlateau takes the monitored value, "
         "sch.step(self.trainer.callback_metrics['val_loss'])."),
+    "schedule_interval": (
+        "warning",
+        "{n} learning-rate scheduler(s) step at an interval their schedule was not written for (the training log "
+        "says how far the rate gets): a schedule counted in optimizer steps and stepped once per epoch never leaves "
+        "its warmup, one counted in epochs and stepped per batch takes the rate to 0 in the first epochs",
+        "Return the scheduler from configure_optimizers as {'scheduler': s, 'interval': 'step'} where its schedule "
+        "counts optimizer steps (a warmup over N steps, OneCycleLR's total_steps, Transformers' "
+        "get_linear_schedule_with_warmup), with 'interval': 'epoch' (Lightning's default) where it counts epochs "
+        "(StepLR's step_size, CosineAnnealingLR's T_max in epochs)."),
     "trainable_after_compile": (
         "error",
         "{n} variable(s) of layers made trainable after the model's train function was made (the training log "
@@ -188,7 +197,13 @@ class TrainingRelations(Rule):
                 "JAX); `schedule_never_stepped` — under Lightning's manual optimisation, a learning-rate scheduler "
                 "from configure_optimizers whose step count has not moved since the training started, judged once, "
                 "after twice its declared interval of epochs (two epochs for one per step or per epoch) and their "
-                "epoch-end hooks, or at the end of a training that ran that long (warning); "
+                "epoch-end hooks, or at the end of a training that ran that long (warning); `schedule_interval` — "
+                "under Lightning's automatic optimisation, before the first step, a copy of a scheduler stepped over "
+                "the planned training at its interval and at the other: stepped per epoch, its rate never gets past "
+                "10 % of the peak it reaches stepped per optimizer step (a warmup counted in steps), or stepped per "
+                "optimizer step, its rate is at most 1 % of its base a tenth into the training where per epoch it "
+                "would be 10 % or more (a decay counted in epochs); not for trainings of fewer than 3 epochs, nor a "
+                "ReduceLROnPlateau (warning); "
                 "`trainable_after_compile` and `frozen_after_compile` — at a Keras fit's first step on TensorFlow, "
                 "variables whose layer's `trainable` changed after the model's train function first applied "
                 "gradients (told by the variables its optimizer was built for), which that function, reused until "

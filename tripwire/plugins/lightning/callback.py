@@ -40,6 +40,7 @@ from tripwire.plugins.torch.origin import find_origin, finite_on_host
 from tripwire.plugins.torch.reduce import Reductions
 from tripwire.plugins.torch.relations import BatchWatch, DiscardedGradients, UpdateWatch, overflowed
 from tripwire.plugins.torch.replicas import Replicas
+from tripwire.plugins.torch.schedules import wrong_interval
 from tripwire.plugins.torch.structure import describe
 
 from .loggers import sinks_of
@@ -151,6 +152,24 @@ class TripwireCallback(*_callback_bases()):
         self._watch(trainer)
         if "relations" in self._plan:  # the strategy wraps the module in DistributedDataParallel by now
             self._replicas = Replicas.of(trainer.strategy.model, trainer.strategy.root_device)
+            if pl_module.automatic_optimization:
+                self._judge_intervals(trainer)
+
+    def _judge_intervals(self, trainer) -> None:
+        """The schedulers Lightning steps at an interval their schedule was not written for (schedules.py), judged
+        once, before the first step, over the training planned (its optimizer steps; its epochs, as many as those
+        steps take)."""
+        steps, per_epoch = trainer.estimated_stepping_batches, trainer.num_training_batches
+        if not isinstance(steps, int) or not isinstance(per_epoch, int) or per_epoch <= 0:
+            return  # an iterable dataset of unknown length with no max_steps
+        epochs = -(-steps * trainer.accumulate_grad_batches // per_epoch)
+        wrong = [(c.scheduler, what) for c in trainer.lr_scheduler_configs
+                 if (what := wrong_interval(c.scheduler, c.interval == "epoch", epochs // c.frequency,
+                                            steps // c.frequency))]
+        if wrong and self._recorder is not None:
+            step = trainer.global_step
+            log.warning("tripwire: %s", "; ".join(f"{_scheduler_named(s)}: {what}" for s, what in wrong))
+            self._decide(trainer, self._recorder.check_relation(step, "schedule_interval", len(wrong)), step)
 
     def _location(self, trainer):
         """out_dir, else the config's `output` where the user's config sets it (None), else where Lightning puts

@@ -1,0 +1,88 @@
+"""Where a learning-rate schedule takes the rate over a planned training, read from a copy of the scheduler stepped
+ahead, before the first step.
+
+A schedule is written in some unit: optimizer steps (a warmup over N steps, OneCycleLR's total_steps,
+Transformers' get_linear_schedule_with_warmup) or epochs (StepLR's step_size). Stepped at the other interval it
+runs its course far too slowly or far too fast, and nothing fails: a warmup written in steps and stepped once per
+epoch never ends, and the model trains at a few percent of its rate; a decay written in epochs and stepped per
+batch has the rate near 0 within the first epochs. Lightning steps a scheduler per epoch unless
+configure_optimizers says `"interval": "step"`. Stepping a copy at both intervals over the planned training tells
+which the schedule was written for.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+
+import torch
+
+log = logging.getLogger("tripwire")
+NEVER_PAST = 0.1  # a rate that never gets past this share of the peak the schedule reaches at the other interval
+COLLAPSED = 0.01  # a rate at this share of its base or below, a tenth into the training
+STEPS = 20_000  # the most steps a copy is stepped through
+FEW_EPOCHS = 3  # a training of fewer epochs is not judged
+
+
+class _StandIn:
+    """What a scheduler reads and writes of its optimizer: copies of its groups' settings, and a step it takes as
+    the one it wrapped (no warning that the optimizer did not step first)."""
+
+    def __init__(self, optimizer):
+        self.param_groups = [{key: value for key, value in group.items() if key != "params"}
+                             for group in optimizer.param_groups]
+        self.defaults = dict(getattr(optimizer, "defaults", {}))
+        self._opt_called = True
+
+    def step(self) -> None:
+        """Nothing to step: the copy's groups hold settings, no parameters."""
+
+
+_StandIn.step._wrapped_by_lr_sched = True
+
+
+def shares(scheduler, steps: int) -> list[float] | None:
+    """The learning rate as a share of the scheduler's base rate (the largest over its optimizer's groups) as it
+    is now and after each of `steps` steps of a copy of it (at most STEPS); None where it has no base rate to
+    measure against, cannot be copied or stepped that way (ReduceLROnPlateau steps on a metric), or fails."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return None
+    optimizer = getattr(scheduler, "optimizer", None)
+    bases = [float(base) for base in getattr(scheduler, "base_lrs", ())]
+    if optimizer is None or not bases or not all(base > 0 for base in bases):
+        return None
+    try:
+        stand_in = _StandIn(optimizer)
+        ahead = copy.deepcopy(scheduler, memo={id(optimizer): stand_in})
+        share = lambda: max(float(g["lr"]) / base for g, base in zip(stand_in.param_groups, bases))  # noqa: E731
+        found = [share()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(min(steps, STEPS)):
+                ahead.step()
+                found.append(share())
+        return found
+    except Exception as exc:  # noqa: BLE001 - a look ahead must never stop the training
+        log.debug("tripwire: the schedule of %s could not be stepped ahead: %s: %s", type(scheduler).__name__,
+                  type(exc).__name__, exc)
+        return None
+
+
+def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str | None:
+    """What goes wrong with a scheduler stepped per epoch (else per optimizer step) over a training of `epochs`
+    epochs and `steps` optimizer steps, where its schedule was written for the other interval; None where it is
+    not (or cannot be told)."""
+    if epochs < FEW_EPOCHS:  # a schedule stepped once or twice per training hardly moves the rate at all
+        return None
+    at_epochs, at_steps = shares(scheduler, epochs), shares(scheduler, steps)
+    if at_epochs is None or at_steps is None:
+        return None
+    if per_epoch and max(at_epochs) < NEVER_PAST * max(at_steps):
+        return (f"stepped per epoch, its rate never gets past {max(at_epochs) / max(at_steps):.0%} of its peak in "
+                f"the {epochs} epoch(s) planned; stepped per optimizer step, it reaches it")
+    tenth_steps, tenth_epochs = at_steps[min(steps // 10, len(at_steps) - 1)], at_epochs[epochs // 10]
+    if not per_epoch and tenth_steps <= COLLAPSED and tenth_epochs >= NEVER_PAST:
+        return (f"stepped per optimizer step, its rate is {tenth_steps:.2g} of its base rate a tenth into the "
+                f"{steps} steps planned; stepped per epoch, it would be {tenth_epochs:.0%}")
+    return None
