@@ -588,8 +588,9 @@ def test_lightning_a_schedule_stepped_at_an_interval_it_was_not_written_for_is_a
     if wrong:
         assert {"warmup_in_steps": "LambdaLR (learning rate 1.5e-05): stepped per epoch, its rate never gets "
                                    "past 3% of its peak in the 4 epoch(s) planned",
-                "steplr_in_epochs": "StepLR (learning rate 0.003): stepped per optimizer step, its rate is "
-                                    "0.0039 of its base rate a tenth into the 172 steps"}[schedule] in caplog.text
+                "steplr_in_epochs": "StepLR (learning rate 0.003): stepped per optimizer step, its rate is at "
+                                    "most 0.0039 of its base rate from a tenth into the 172 steps"}[schedule] \
+            in caplog.text
 
 
 class ManualSAM(Manual):

@@ -81,8 +81,8 @@ def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str |
     if per_epoch and max(at_epochs) < NEVER_PAST * max(at_steps):
         return (f"stepped per epoch, its rate never gets past {max(at_epochs) / max(at_steps):.0%} of its peak in "
                 f"the {epochs} epoch(s) planned; stepped per optimizer step, it reaches it")
-    tenth_steps, tenth_epochs = at_steps[min(steps // 10, len(at_steps) - 1)], at_epochs[epochs // 10]
-    if not per_epoch and tenth_steps <= COLLAPSED and tenth_epochs >= NEVER_PAST:
-        return (f"stepped per optimizer step, its rate is {tenth_steps:.2g} of its base rate a tenth into the "
-                f"{steps} steps planned; stepped per epoch, it would be {tenth_epochs:.0%}")
+    after_tenth, tenth_epochs = max(at_steps[min(steps // 10, len(at_steps) - 1):]), at_epochs[epochs // 10]
+    if not per_epoch and after_tenth <= COLLAPSED and tenth_epochs >= NEVER_PAST:  # and stays there (no restart)
+        return (f"stepped per optimizer step, its rate is at most {after_tenth:.2g} of its base rate from a tenth "
+                f"into the {steps} steps planned; stepped per epoch, it would be {tenth_epochs:.0%} there")
     return None
