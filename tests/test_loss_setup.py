@@ -206,3 +206,46 @@ def test_a_warning_a_loss_raises_under_the_first_step_look_is_the_user_s_line(tm
                 probe.step(loss)
     sizes = [w for w in raised if "target size" in str(w.message)]
     assert sizes and {w.filename for w in sizes} == {__file__}, [(w.filename, w.lineno) for w in sizes]
+
+
+class Tagger(nn.Module):
+    """A convolutional tagger: token ids (B, T) to class scores per position, (B, C, T)."""
+
+    def __init__(self, tokens=20, classes=5):
+        super().__init__()
+        self.embed, self.conv = nn.Embedding(tokens, 16), nn.Conv1d(16, classes, 3, padding=1)
+
+    def forward(self, ids):
+        return self.conv(self.embed(ids).transpose(1, 2))
+
+
+@pytest.mark.parametrize("rows", ["viewed", "permuted", "as_it_is"])
+def test_class_scores_viewed_as_rows_from_an_axis_not_last_are_a_warning_at_the_first_step(tmp_path, rows):
+    """Scores (B, C, T) viewed as (-1, C) without moving the classes last (Karpathy's 'view vs transpose'): each
+    row mixes one class's scores at several positions, and the loss stays at ln C. A silent-bug hunt's tagger sat at
+    ln 5 for 600 steps with nothing fired. Told at step 0; permuted first, or handed to cross_entropy as (N, C, T),
+    it is silent and learns."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (1024, 40), generator=generator)
+    tags = ids % 5  # each token's class: learnable from the token alone
+    torch.manual_seed(0)
+    model = Tagger()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with TripwireProbe(model, optimizer, {"rules": ["loss_setup"]}, out_dir=tmp_path / "run") as probe:
+        for step in range(60):
+            batch = slice(32 * step % 1024, 32 * step % 1024 + 32)
+            scores, y = model(ids[batch]), tags[batch]
+            optimizer.zero_grad()
+            loss = {"viewed": lambda: F.cross_entropy(scores.reshape(-1, 5), y.reshape(-1)),
+                    "permuted": lambda: F.cross_entropy(scores.permute(0, 2, 1).reshape(-1, 5), y.reshape(-1)),
+                    "as_it_is": lambda: F.cross_entropy(scores, y)}[rows]()
+            loss.backward()
+            optimizer.step()
+            probe.step(loss)
+    with torch.no_grad():
+        accuracy = float((model(ids).argmax(1) == tags).float().mean())
+    fired = [(v.finding, v.step, v.severity) for v in tripwire.open_run(probe.run_url).verdicts() if v.fired]
+    if rows == "viewed":
+        assert accuracy < 0.4 and fired == [("classes_reshaped", 0, "warning")]
+    else:
+        assert accuracy > 0.95 and fired == []

@@ -98,6 +98,8 @@ class LossUse:
     softmax_axis, class_axis: for a categorical loss whose input a softmax or log_softmax made as it is (no reshape
         between), the axis that softmax normalised over and the axis the loss reads the classes along (both counted
         from 0); None elsewhere (torch tells).
+    reshaped_from: for a categorical loss whose input is a reshape (view) of a tensor of 3 or more axes, that
+        tensor's shape (torch tells).
     """
 
     loss: str
@@ -113,6 +115,7 @@ class LossUse:
     input_shape: tuple | None = None
     softmax_axis: int | None = None
     class_axis: int | None = None
+    reshaped_from: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,8 @@ class FirstStep:
             for entry in data["losses"]:
                 labels = entry.get("labels")
                 labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
-                shape = entry.get("input_shape")
-                losses.append(LossUse(**{**entry, "labels": labels,
-                                         "input_shape": tuple(shape) if shape is not None else None}))
+                shapes = {key: tuple(entry[key]) for key in ("input_shape", "reshaped_from") if entry.get(key)}
+                losses.append(LossUse(**{**entry, "labels": labels, **shapes}))
             objectives, producers = data.get("objectives"), data.get("producers")
             if producers is not None and not all(isinstance(v, str) for v in dict(producers).values()):
                 return None
@@ -185,7 +187,7 @@ def summed_terms(first: FirstStep | None) -> int | None:
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
              labels=None, terms: int | None = None, bootstrapped: bool | None = None,
              input_shape: tuple | None = None, softmax_axis: int | None = None, class_axis: int | None = None,
-             **settings) -> LossUse | None:
+             reshaped_from: tuple | None = None, **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -195,7 +197,7 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
                    {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped,
-                   input_shape, softmax_axis, class_axis)
+                   input_shape, softmax_axis, class_axis, reshaped_from)
 
 
 def task_of(first: FirstStep | None) -> str | None:

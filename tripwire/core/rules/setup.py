@@ -35,7 +35,9 @@ class LossSetup(Rule):
                  "regression loss whose targets lie outside its range; a softmax or one-hot targets under a "
                  "regression loss (classes learned by mean squared error), or 0/1 targets of one output under "
                  "mean absolute error; a softmax or log_softmax that feeds a categorical loss over another axis "
-                 "than the one it reads the classes along (dim=0: across the batch; torch); predictions and targets "
+                 "than the one it reads the classes along (dim=0: across the batch; torch); a categorical loss whose "
+                 "rows of C scores are a view of a tensor whose C classes lie along an axis with more after it "
+                 "((B, C, T) viewed as (-1, C), not permuted first; torch); predictions and targets "
                  "of an element-wise loss whose shapes broadcast "
                  "into more elements than the predictions hold ((N, 1) against (N,): error, the loss compares every "
                  "prediction with every target; torch); labels that are not class ids for a loss "
@@ -105,6 +107,26 @@ def _name(use) -> str:
     return f"{use.loss}({settings})" if settings else use.loss
 
 
+def _classes_not_last(use) -> str | None:
+    """A categorical loss's rows of C scores viewed from a tensor whose C classes lay along an axis with more
+    after it ((B, C, T) viewed as (-1, C), not permuted first: Karpathy's 'view vs transpose'): each row holds
+    scores of one class at several positions, so the loss trains nothing it means, at chance."""
+    shape, source = use.input_shape, use.reshaped_from
+    if use.kind != "categorical" or not shape or not source or len(shape) != 2 or shape[1] < 2 or \
+            source[-1] == shape[1]:
+        return None
+    classes = shape[1]
+    axis = next((i for i in range(1, len(source) - 1) if source[i] == classes and
+                 math.prod(source[i + 1:]) > 1), None)
+    if axis is None:
+        return None
+    order = ", ".join(["0", *(str(i) for i in range(1, len(source)) if i != axis), str(axis)])
+    return (f"its rows of {classes} class scores are a view of a tensor of shape {source}, whose {classes} classes "
+            f"lie along axis {axis}, not the last: each row mixes one class's scores at several positions, and the "
+            f"loss learns nothing it means. Move the classes last before the view (x.permute({order})"
+            f".reshape(-1, {classes})), or hand the loss the (N, C, …) tensor as it is.")
+
+
 def _problems(use):
     """(finding, severity, message) for each way this loss, its input and its labels do not fit."""
     out, labels, output = [], use.labels, use.output
@@ -132,6 +154,9 @@ def _problems(use):
         out.append(("not_log_probabilities", "warning", f"the loss reads log-probabilities, but the output is "
                     f"{'raw logits' if output == 'linear' else f'a {output}'}. Use log_softmax on the output, or "
                     "CrossEntropyLoss on the logits."))
+    moved = _classes_not_last(use)
+    if moved is not None:
+        out.append(("classes_reshaped", "warning", moved))
     if use.softmax_axis is not None and use.class_axis is not None and use.softmax_axis != use.class_axis:
         across = "the samples of the batch" if use.softmax_axis == 0 else f"axis {use.softmax_axis}"
         out.append(("softmax_axis", "warning", f"the output's {use.output} normalises over {across} (dim="

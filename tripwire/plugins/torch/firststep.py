@@ -62,6 +62,7 @@ class LossSpy(TorchFunctionMode):
         self._own = None if model is None else {id(p) for p in model.parameters()}
         self.losses: list = []
         self._made_by: dict = {}  # id(tensor) -> (weak reference, producing activation, softmax over one unit)
+        self._reshaped: dict = {}  # id(2-D tensor) -> (weak reference, the shape of 3 or more axes it was viewed from)
         self._from_model: dict = {}  # id(tensor) -> weak reference, for the tensors computed from a parameter
         self._followed = FOLLOWED  # how many, before the freed ones are forgotten
         self.looking = looking
@@ -98,6 +99,7 @@ class LossSpy(TorchFunctionMode):
                     self._from_model[id(tensor)] = weakref.ref(tensor)
         if not isinstance(out, torch.Tensor) or not self.looking:
             return
+        self._note_reshape(name, args, out)
         if name in PRODUCERS:
             over_one = name == "softmax" and _softmax_over_one(out, args, kwargs)
             self._made_by[id(out)] = (weakref.ref(out), PRODUCERS[name], over_one, _softmax_axis(name, out, args,
@@ -106,6 +108,17 @@ class LossSpy(TorchFunctionMode):
             made = self._producer(args[0])
             if made is not None:  # a reshape moves the axes: which one the softmax ran over is no longer known
                 self._made_by[id(out)] = (weakref.ref(out), *made[:2], None)
+
+    def _note_reshape(self, name: str, args, out: torch.Tensor) -> None:
+        """A view of a tensor of 3 or more axes as rows (B, C, T viewed as -1, C), and what passes it on as it is
+        (contiguous, a cast): where a categorical loss reads such rows, where the classes lay before matters."""
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if source is None or name not in PASS_ON:
+            return
+        if name in ("view", "reshape") and source.dim() >= 3 and out.dim() == 2:
+            self._reshaped[id(out)] = (weakref.ref(out), tuple(int(d) for d in source.shape))
+        elif out.shape == source.shape and (entry := self._reshaped.get(id(source))) and entry[0]() is source:
+            self._reshaped[id(out)] = (weakref.ref(out), entry[1])
 
     def _computed_from_model(self, args, kwargs) -> bool:
         """Whether an operation reads one of the model's parameters (__init__), or a tensor computed from one
@@ -149,6 +162,9 @@ class LossSpy(TorchFunctionMode):
         axes = {}
         if made is not None and made[2] is not None and name in CLASS_DIM and prediction.dim() >= 2:
             axes = {"softmax_axis": made[2], "class_axis": CLASS_DIM[name] % prediction.dim()}
+        reshaped = self._reshaped.get(id(prediction))
+        if reshaped is not None and reshaped[0]() is prediction and name in CLASS_DIM:
+            axes["reshaped_from"] = reshaped[1]
         use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
                        bootstrapped=_bootstrapped(target, self._is_from_model(target)),
                        input_shape=tuple(int(d) for d in prediction.shape), **axes, **settings)
@@ -163,7 +179,7 @@ class LossSpy(TorchFunctionMode):
             self.__exit__(None, None, None)
         elif self in stack:  # a mode the step entered is still on top: this one passes everything through
             log.debug("tripwire: the first-step look stays under another torch function mode")
-        self._made_by, self._from_model = {}, {}
+        self._made_by, self._from_model, self._reshaped = {}, {}, {}
         return FirstStep(step, tuple(self.losses))
 
 
