@@ -430,6 +430,78 @@ def test_validation_in_train_mode_is_a_warning(tmp_path, in_eval_mode):
         assert "2 dropout" in run.verdicts()[0].message and "model.eval()" in run.verdicts()[0].hint
 
 
+class FunctionalDropout(nn.Module):
+    """An MLP whose dropout is a function: F.dropout(h, 0.3) (on whatever the mode), with the module's mode, or an
+    nn.Dropout module."""
+
+    def __init__(self, dropout):
+        super().__init__()
+        torch.manual_seed(0)
+        self.dropout = dropout
+        self.fc1, self.fc2, self.module = nn.Linear(64, 64), nn.Linear(64, 10), nn.Dropout(0.3)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        h = {"always": lambda: F.dropout(h, 0.3), "with_mode": lambda: F.dropout(h, 0.3, training=self.training),
+             "module": lambda: self.module(h)}[self.dropout]()
+        return self.fc2(h)
+
+
+class FunctionalDropoutModule(pl.LightningModule):
+    def __init__(self, dropout):
+        super().__init__()
+        self.net = FunctionalDropout(dropout)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("plugin", ["probe", "lightning"])
+@pytest.mark.parametrize("dropout", ["always", "with_mode", "module"])
+def test_a_dropout_function_left_on_in_evaluation_is_a_warning_at_the_first_evaluation(tmp_path, plugin, dropout):
+    """F.dropout(h, p) takes training=True unless told: model.eval() does not turn it off, and the evaluation drops
+    units at random (two passes over the same data differ). Told at the first evaluation, in the probe and in
+    Lightning; with training=self.training, or an nn.Dropout module, silent."""
+    if plugin == "probe":
+        x, y = digits()
+        model = FunctionalDropout(dropout)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with TripwireProbe(model, optimizer, CONFIG, out_dir=tmp_path / "run") as probe:
+            for step in range(60):
+                if step % 30 == 0:  # an evaluation before each stretch of training
+                    model.eval()
+                    with torch.no_grad():
+                        probe.log_eval({"val_loss": float(F.cross_entropy(model(x[-256:]), y[-256:]))})
+                    model.train()
+                i = 32 * (step % 30)
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+        url, first_eval = probe.run_url, 0
+        model.eval()
+        with torch.no_grad():
+            differ = not torch.equal(model(x[-256:]), model(x[-256:]))
+    else:
+        callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
+        trainer = helpers.fit(callback, FunctionalDropoutModule(dropout), max_epochs=2)
+        assert trainer.callback_metrics["val_acc"] > 0.8
+        url, first_eval = callback.run_url, trainer.num_training_batches
+        differ = dropout == "always"
+    found = findings(tripwire.open_run(url))
+    assert differ is (dropout == "always")
+    assert found == ([("dropout_in_eval", first_eval, "warning")] if dropout == "always" else [])
+
+
 def test_batch_norm_frozen_on_purpose_is_the_users_choice(tmp_path):
     def freeze_batch_norm(model):
         model.train()

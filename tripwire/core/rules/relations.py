@@ -112,6 +112,13 @@ RELATIONS = {
         "on_train_epoch_end (or in training_step when self.trainer.is_last_batch) for a schedule per epoch, every "
         "N batches for one per step; a ReduceLROnPlateau takes the monitored value, "
         "sch.step(self.trainer.callback_metrics['val_loss'])."),
+    "dropout_in_eval": (
+        "warning",
+        "{n} dropout function call(s) with training on ran in the first evaluation forward, the model in eval mode: "
+        "F.dropout(x, p) takes training=True unless told, and model.eval() does not reach it, so the evaluation "
+        "drops units at random and its metrics are worse and noisier than the model",
+        "Pass the module's mode: F.dropout(x, p, training=self.training), or use an nn.Dropout module, which "
+        "model.eval() turns off (a Monte Carlo dropout evaluation keeps it on on purpose)."),
     "schedule_interval": (
         "warning",
         "{n} learning-rate scheduler(s) step at an interval their schedule was not written for (the training log "
@@ -197,7 +204,10 @@ class TrainingRelations(Rule):
                 "JAX); `schedule_never_stepped` — under Lightning's manual optimisation, a learning-rate scheduler "
                 "from configure_optimizers whose step count has not moved since the training started, judged once, "
                 "after twice its declared interval of epochs (two epochs for one per step or per epoch) and their "
-                "epoch-end hooks, or at the end of a training that ran that long (warning); `schedule_interval` — "
+                "epoch-end hooks, or at the end of a training that ran that long (warning); `dropout_in_eval` — "
+                "in the first evaluation forward (the model in eval mode), a dropout applied as a function with "
+                "training on and p above 0 (F.dropout's default; warning; the probe and Lightning, watched under a "
+                "torch function mode for that forward only); `schedule_interval` — "
                 "under Lightning's automatic optimisation, before the first step, a copy of a scheduler stepped over "
                 "the planned training at its interval and at the other: stepped per epoch, its rate never gets past "
                 "10 % of the peak it reaches stepped per optimizer step (a warmup counted in steps), or stepped per "

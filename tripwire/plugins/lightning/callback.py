@@ -32,6 +32,7 @@ from tripwire.core.errors import RuleFired, install
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.plugins.torch.capture import TorchCapture, step_closure
+from tripwire.plugins.torch.evaldropout import DropoutInEval
 from tripwire.plugins.torch.firststep import look_once
 from tripwire.plugins.torch.gradnorm import SERIES as GRADIENT_NORM
 from tripwire.plugins.torch.gradnorm import GradientNorms
@@ -120,6 +121,8 @@ class TripwireCallback(*_callback_bases()):
         # manual optimisation leaves the schedulers to the module: (scheduler, its step count at the start, the epoch
         # by whose start it must have stepped)
         self._schedules: list = []
+        self._eval_looked = False  # the first validation batch of the training was watched (DropoutInEval)
+        self._eval_look = None  # its look, while it runs
         self._stepped_at = -1  # the global step of the last optimizer step that ran (a GradScaler skips some)
         self._scaled = False  # a GradScaler may skip a step: its optimizers' hooks do not run, and cannot wake this
         self._looked = False  # the first sampled step's training_step ran under a LossSpy
@@ -191,6 +194,7 @@ class TripwireCallback(*_callback_bases()):
         if trainer.global_rank == 0:  # Lightning's loggers write on rank 0
             self._recorder.add_sinks(sinks_of(trainer.loggers))
         self._verdicts = self._recorder.verdicts
+        self._eval_looked = False
         self._capture = TorchCapture(pl_module, self._recorder.plan, structure, self._recorder.tensor_budget,
                                      ranks_together=self.config.workers == "all" and trainer.world_size > 1)
         self._plan = self._recorder.plan
@@ -230,6 +234,9 @@ class TripwireCallback(*_callback_bases()):
         for handle in self._watching:
             handle.remove()
         self._watching, self._wake_at, self._alive = [], None, None
+        if self._eval_look is not None:  # a validation that raised
+            self._eval_look.leave()
+            self._eval_look = None
         self.__dict__.pop("on_train_batch_start", None)
         self.__dict__.pop("on_before_backward", None)
         if self._discards is not None:
@@ -526,6 +533,16 @@ class TripwireCallback(*_callback_bases()):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self._alive is not None:  # an evaluation makes progress too: a long one is no stalled training
             self._alive()
+        if not self._eval_looked and self._recorder is not None and not trainer.sanity_checking:
+            self._eval_looked = True  # the first validation batch of the training: its dropout functions watched
+            self._eval_look = DropoutInEval().__enter__() if "relations" in self._plan else None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self._eval_look is not None:
+            look, self._eval_look = self._eval_look, None
+            calls, step = look.leave(), trainer.global_step
+            if calls and self._recorder is not None:
+                self._decide(trainer, self._recorder.check_relation(step, "dropout_in_eval", calls), step)
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not self._plan.at("eval", trainer.global_step):

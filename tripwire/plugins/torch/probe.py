@@ -55,6 +55,7 @@ from tripwire.core.rules.base import FORWARDS
 from tripwire.core.rules.relations import SKIPPED_STEPS
 
 from .capture import TorchCapture, step_closure
+from .evaldropout import DropoutInEval
 from .firststep import LossSpy
 from .gradnorm import SERIES as GRADIENT_NORM
 from .gradnorm import GradientNorms
@@ -119,6 +120,9 @@ class TripwireProbe:
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
+        # the first evaluation forward, watched for dropout functions left on (DropoutInEval), where relations count
+        self._eval_look: tuple | None = None  # (the module whose forward it is, the look) while that forward runs
+        self._eval_looked = "relations" not in self._recorder.plan.collections
         self._train_mode_eval_said = self._eval_mode_said  # and an evaluation in train mode, likewise
         self._sampled = False
         # where a NaN begins, while none has been seen: the step's last training call of each module the loop calls
@@ -280,6 +284,7 @@ class TripwireProbe:
         if self._discards is not None:
             self._discards.remove()
         self._end_look()
+        self._end_eval_look()
         self._record_first_step()
         self._capture.close()
         self._losses.close(self._recorder)
@@ -299,6 +304,9 @@ class TripwireProbe:
     # -- hooks ------------------------------------------------------------------------------------------------------
     def _on_forward(self, module, args) -> None:
         if not module.training:
+            if not self._eval_looked:
+                self._eval_looked = True
+                self._eval_look = (module, DropoutInEval().__enter__())
             self._disarm_look()
             if self._recorder.clock:  # an evaluation makes progress too: a long one is no stalled training
                 self._recorder.alive()
@@ -314,6 +322,8 @@ class TripwireProbe:
             self._capture.take_inputs(args[0])
 
     def _after_forward(self, module, args, kwargs, output) -> None:
+        if self._eval_look is not None and self._eval_look[0] is module:
+            self._end_eval_look()
         if module.training:
             if self._sampled:  # before the backward pass, while its graph is whole
                 self._capture.take_functional(output)
@@ -428,6 +438,16 @@ class TripwireProbe:
             self._recorder.first_step(replace(self._first, objectives=self._objectives.count,
                                               producers=self._capture.producers))
             self._first, self._objectives = None, None
+
+    def _end_eval_look(self) -> None:
+        """The first evaluation forward ended (or training did, inside it): its dropout functions left on, told."""
+        if self._eval_look is None:
+            return
+        (_, look), self._eval_look = self._eval_look, None
+        calls = look.leave()
+        said = self._recorder.check_relation(self.global_step, "dropout_in_eval", calls) if calls else None
+        if said is not None:
+            self._act(said)
 
     def _eval_mode(self, step: int, decision):
         """An optimizer stepped with the model in eval mode, at an unsampled step: said once, at that step."""
