@@ -665,6 +665,31 @@ def test_lightning_a_schedule_stepped_at_an_interval_it_was_not_written_for_is_a
             in caplog.text
 
 
+def test_a_schedule_is_stepped_ahead_on_a_copy_that_shares_what_it_holds_and_changes_nothing():
+    """The copy stepped ahead copies the scheduler's own state, and its chained schedulers', never what it holds: a
+    LambdaLR on a bound method of the LightningModule would otherwise copy the whole model. The scheduler and its
+    optimizer are left as they were."""
+    from tripwire.plugins.torch.schedules import shares
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise AssertionError("a deep copy of what the schedule holds")
+
+        def warmup(self, step):
+            return min(1.0, (step + 1) / 10)
+
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, Uncopyable().warmup)
+    chained = torch.optim.lr_scheduler.SequentialLR(
+        optimizer, [warmup, torch.optim.lr_scheduler.StepLR(optimizer, 5, 0.5)], milestones=[10])
+    before = (chained.last_epoch, warmup.last_epoch, optimizer.param_groups[0]["lr"], optimizer.state_dict())
+    ahead = shares(chained, 20)
+    assert ahead[0] == pytest.approx(0.1) and max(ahead) == pytest.approx(1.0) and ahead[-1] == pytest.approx(0.25)
+    assert (chained.last_epoch, warmup.last_epoch, optimizer.param_groups[0]["lr"]) == before[:3]
+    assert optimizer.state_dict() == before[3]
+
+
 class ManualSAM(Manual):
     """Manual optimisation with SAM through its own two calls (the common implementation, test_probe's): the base
     optimizer steps, while Lightning, which counts the steps of its wrapper, stays at step 0."""

@@ -43,18 +43,21 @@ _StandIn.step._wrapped_by_lr_sched = True
 
 
 def shares(scheduler, steps: int) -> list[float] | None:
-    """The learning rate as a share of the scheduler's base rate (the largest over its optimizer's groups) as it
-    is now and after each of `steps` steps of a copy of it (at most STEPS); None where it has no base rate to
-    measure against, cannot be copied or stepped that way (ReduceLROnPlateau steps on a metric), or fails."""
+    """The learning rate as a share of its base rate (each group's `initial_lr`, which schedulers set; the largest
+    share over the groups) as it is now and after each of `steps` steps of a copy of the scheduler (at most STEPS);
+    None where there is no base rate above 0, or the scheduler cannot be stepped that way (ReduceLROnPlateau steps
+    on a metric) or fails."""
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         return None
     optimizer = getattr(scheduler, "optimizer", None)
-    bases = [float(base) for base in getattr(scheduler, "base_lrs", ())]
-    if optimizer is None or not bases or not all(base > 0 for base in bases):
+    if optimizer is None:
         return None
     try:
+        bases = [float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups]  # set by schedulers
+        if not bases or not all(base > 0 for base in bases):
+            return None
         stand_in = _StandIn(optimizer)
-        ahead = copy.deepcopy(scheduler, memo={id(optimizer): stand_in})
+        ahead = _ahead(scheduler, stand_in)
         share = lambda: max(float(g["lr"]) / base for g, base in zip(stand_in.param_groups, bases))  # noqa: E731
         found = [share()]
         with warnings.catch_warnings():
@@ -67,6 +70,25 @@ def shares(scheduler, steps: int) -> list[float] | None:
         log.debug("tripwire: the schedule of %s could not be stepped ahead: %s: %s", type(scheduler).__name__,
                   type(exc).__name__, exc)
         return None
+
+
+def _ahead(scheduler, stand_in: _StandIn):
+    """A copy of a scheduler to step ahead, on the stand-in for its optimizer: its state copied one level deep (the
+    numbers and lists it steps), the schedulers it chains copied the same way, and whatever else it holds (a
+    lambda, a bound method of the LightningModule) shared, never copied: a deep copy would copy a whole model."""
+    ahead = copy.copy(scheduler)
+    for key, value in vars(scheduler).items():
+        if key == "optimizer":
+            value = stand_in
+        elif isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+            value = _ahead(value, stand_in)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.optim.lr_scheduler.LRScheduler)
+                                                      for v in value):
+            value = type(value)(_ahead(v, stand_in) for v in value)
+        elif isinstance(value, (list, dict, set)):
+            value = copy.copy(value)
+        vars(ahead)[key] = value
+    return ahead
 
 
 def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str | None:
