@@ -447,10 +447,12 @@ class FunctionalDropout(nn.Module):
         return self.fc2(h)
 
 
-class FunctionalDropoutModule(pl.LightningModule):
-    def __init__(self, dropout):
+class NetModule(pl.LightningModule):
+    """Trains `net` (digits to 10 classes) with cross-entropy under SGD at 0.1, and logs val_acc."""
+
+    def __init__(self, net):
         super().__init__()
-        self.net = FunctionalDropout(dropout)
+        self.net = net
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -493,7 +495,7 @@ def test_a_dropout_function_left_on_in_evaluation_is_a_warning_at_the_first_eval
             differ = not torch.equal(model(x[-256:]), model(x[-256:]))
     else:
         callback = TripwireCallback(CONFIG, out_dir=tmp_path / "run")
-        trainer = helpers.fit(callback, FunctionalDropoutModule(dropout), max_epochs=2)
+        trainer = helpers.fit(callback, NetModule(FunctionalDropout(dropout)), max_epochs=2)
         assert trainer.callback_metrics["val_acc"] > 0.8
         url, first_eval = callback.run_url, trainer.num_training_batches
         differ = dropout == "always"
@@ -617,24 +619,15 @@ def test_lightning_a_schedule_manual_optimisation_never_steps_is_a_warning(tmp_p
         assert lr == pytest.approx(0.1 * 0.7 ** 3) and findings(run) == []
 
 
-class Scheduled(pl.LightningModule):
+class Scheduled(NetModule):
     """An MLP on digits under AdamW and a schedule returned from configure_optimizers: a warmup over 200 optimizer
     steps (Transformers' get_linear_schedule_with_warmup's shape) or a StepLR halving every 2 epochs, returned at
     Lightning's default interval (the epoch) or with "interval": "step"."""
 
     def __init__(self, schedule, interval):
-        super().__init__()
-        self.schedule, self.interval = schedule, interval
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
+        super().__init__(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)))
+        self.schedule, self.interval = schedule, interval
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3)
