@@ -1,6 +1,7 @@
 """What a training loss is measured against, beside its own start: the least it can reach (its targets' entropy
-under binary cross-entropy), what guessing scores (ln C), what predicting the targets' mean scores, how far the steps move the weights (a loss
-that stays put while they move learns nothing that holds), and a booster whose trees never split."""
+under binary cross-entropy), what guessing scores (ln C), what predicting the targets' mean scores, how far the
+steps move the weights (a loss that stays put while they move learns nothing that holds), and a booster whose
+trees never split."""
 
 from __future__ import annotations
 
