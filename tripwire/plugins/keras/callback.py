@@ -106,7 +106,7 @@ class TripwireCallback(keras.callbacks.Callback):
         if self._capture is None or not self._capture.serves(model):
             self._capture = StepCapture(model, self._plan, structure)
             self._capture.budget_of = self._recorder.tensor_budget
-        self._capture.start()
+        self._capture.start(retraces=not any(apart))
         self._span = int(getattr(model, "steps_per_execution", 1) or 1)
         self._base, self._begun = max(_steps_taken(model), self._next), 0
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own

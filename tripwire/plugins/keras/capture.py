@@ -55,7 +55,7 @@ from tripwire.core.reductions import reduce as reduce_numpy
 from .hooks import KeptLoss, all_hooks
 from .reduce import COMPUTE as DEVICE_REDUCTIONS
 from .reduce import reduce_ops
-from .tf_step import UnsampledSteps, covers, one_step_function, trained_apart
+from .tf_step import UnsampledSteps, covers, one_step_function
 
 log = logging.getLogger("tripwire")
 
@@ -161,12 +161,12 @@ class StepCapture:
     def serves(self, model) -> bool:
         return model is self.model and keras_function_of(model) is self.keras_function
 
-    def start(self) -> None:
-        """A fit begins. Where the model's train function, traced already, trains other variables than the model's
-        trainable ones (tf_step.trained_apart), no function is traced in this fit: one traced now would train the
-        others, where Keras' would not. The fit then runs the train function in place (tripwire's traced one, or
-        Keras'), and its sampled steps capture only its loss, where that function keeps it."""
-        self.retraces = not any(trained_apart(self.model))
+    def start(self, retraces: bool = True) -> None:
+        """A fit begins. retraces: False where the model's train function, traced already, trains other variables
+        than the model's trainable ones (tf_step.trained_apart): no function is traced in this fit, as one traced
+        now would train the others, where Keras' would not. The fit then runs the train function in place
+        (tripwire's traced one, or Keras'), and its sampled steps capture only its loss, where that keeps it."""
+        self.retraces = retraces
         if self._unsampled is not None and (self.retraces or self._unsampled.traced):
             self._set_train_function(self._unsampled)
 

@@ -33,7 +33,8 @@ def trained_apart(model) -> tuple[list, list]:
     once traced, trains those variables until compile() makes a new one (Keras warns: "A layer's `trainable`
     state has changed since the model was compiled"): the ones made trainable since are not trained, the ones
     frozen since still are. A function traced afresh (every function of tripwire's) would train the others, or
-    fail on them ("Unknown variable"), so such a fit runs Keras' function alone. ([], []) where nothing changed,
+    fail on them ("Unknown variable"), so such a fit traces none: it runs the function in place. ([], []) where
+    nothing changed,
     the optimizer has not stepped yet, on other backends (torch reads the flags at every step; JAX is not
     judged), and for a train_step of the model's own, whose optimizer may hold any part of it."""
     optimizer = getattr(model, "optimizer", None)
