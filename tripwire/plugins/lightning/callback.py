@@ -170,9 +170,18 @@ class TripwireCallback(*_callback_bases()):
                  if (what := wrong_interval(c.scheduler, c.interval == "epoch", epochs // c.frequency,
                                             steps // c.frequency))]
         if wrong and self._recorder is not None:
-            step = trainer.global_step
             log.warning("tripwire: %s", "; ".join(f"{_scheduler_named(s)}: {what}" for s, what in wrong))
-            self._decide(trainer, self._recorder.check_relation(step, "schedule_interval", len(wrong)), step)
+            self._tell(trainer, "schedule_interval", len(wrong), trainer.global_step)
+
+    def _tell(self, trainer, relation: str, count: int, step: int) -> None:
+        """A relation this rank saw broken outside the sampled steps: recorded (and logged) where this rank records,
+        and acted on at once in one process only. Under DDP the ranks that do not record never see it, and a
+        decision only some ranks reach would wait in the collectives of the others (_decide agrees)."""
+        if self._recorder is None:
+            return
+        decision = self._recorder.check_relation(step, relation, count)
+        if trainer.world_size == 1:
+            self._decide(trainer, decision, step)
 
     def _location(self, trainer):
         """out_dir, else the config's `output` where the user's config sets it (None), else where Lightning puts
@@ -279,7 +288,7 @@ class TripwireCallback(*_callback_bases()):
             step = max(trainer.global_step - 1, 0)
             log.warning("tripwire: after %d epoch(s) of manual optimisation, never stepped: %s", trainer.current_epoch,
                         ", ".join(map(_scheduler_named, never)))
-            self._decide(trainer, self._recorder.check_relation(step, "schedule_never_stepped", len(never)), step)
+            self._tell(trainer, "schedule_never_stepped", len(never), step)
 
     # -- training steps -------------------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -311,9 +320,8 @@ class TripwireCallback(*_callback_bases()):
                 step, batch, sampled, next_seen=not sleeps or self._plan.next_sampled("train", step + 1) == step + 1):
             self._decide(trainer, self._recorder.check_relation(step, "repeated_batch", BatchWatch.IN_A_ROW + 1),
                          step)
-        if self._scaled and step - 1 - self._stepped_at == SKIPPED_STEPS and overflowed(trainer.optimizers) and \
-                self._recorder is not None:  # told at the step it is broken
-            self._decide(trainer, self._recorder.check_relation(step - 1, "skipped_steps", SKIPPED_STEPS), step - 1)
+        if self._scaled and step - 1 - self._stepped_at == SKIPPED_STEPS and overflowed(trainer.optimizers):
+            self._tell(trainer, "skipped_steps", SKIPPED_STEPS, step - 1)  # told at the step it is broken
         if sleeps:  # until the optimizers' hook wakes this
             self._wake_at = self._plan.next_sampled("train", step + 1)
             self.__dict__["on_train_batch_start"] = None
@@ -466,9 +474,8 @@ class TripwireCallback(*_callback_bases()):
             discarded = self._discards.end()
             if self._discards.done:
                 self._discards = None
-            if discarded and self._recorder is not None:  # Lightning's step stays where no optimizer steps
-                self._decide(trainer, self._recorder.check_relation(self._batch_step, "gradients_discarded",
-                                                                    discarded), self._batch_step)
+            if discarded:  # Lightning's step stays where no optimizer steps
+                self._tell(trainer, "gradients_discarded", discarded, self._batch_step)
         if self._broken is not None:  # woken between samples by a step that changed nothing
             (step, relation), self._broken = self._broken, None
             self._listen(self._sampled)
@@ -540,9 +547,9 @@ class TripwireCallback(*_callback_bases()):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if self._eval_look is not None:
             look, self._eval_look = self._eval_look, None
-            calls, step = look.leave(), trainer.global_step
-            if calls and self._recorder is not None:
-                self._decide(trainer, self._recorder.check_relation(step, "dropout_in_eval", calls), step)
+            calls = look.leave()
+            if calls:
+                self._tell(trainer, "dropout_in_eval", calls, trainer.global_step)
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not self._plan.at("eval", trainer.global_step):

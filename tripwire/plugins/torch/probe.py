@@ -120,10 +120,10 @@ class TripwireProbe:
         self._after_optimizer = False  # the previous step ended with an optimizer's step
         # training in eval mode matters where a module computes differently in it; said once is enough
         self._eval_mode_said = not any(isinstance(m, MODE_DEPENDENT) for m in model.modules())
+        self._train_mode_eval_said = self._eval_mode_said  # and an evaluation in train mode, likewise
         # the first evaluation forward, watched for dropout functions left on (DropoutInEval), where relations count
         self._eval_look: tuple | None = None  # (the module whose forward it is, the look) while that forward runs
         self._eval_looked = "relations" not in self._recorder.plan.collections
-        self._train_mode_eval_said = self._eval_mode_said  # and an evaluation in train mode, likewise
         self._sampled = False
         # where a NaN begins, while none has been seen: the step's last training call of each module the loop calls
         # (the model, or each of the parts it holds), in the order of those calls: {module: (args, kwargs, output)},
