@@ -20,7 +20,7 @@ import torch
 
 log = logging.getLogger("tripwire")
 NEVER_PAST = 0.1  # a rate that never gets past this share of the peak the schedule reaches at the other interval
-COLLAPSED = 0.01  # a rate at this share of its base or below, a tenth into the training
+COLLAPSED = 0.01  # a rate at this share of its base or below, from a tenth into the training on
 STEPS = 20_000  # the most steps a copy is stepped through
 FEW_EPOCHS = 3  # a training of fewer epochs is not judged
 
@@ -97,13 +97,15 @@ def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str |
     not (or cannot be told)."""
     if epochs < FEW_EPOCHS:  # a schedule stepped once or twice per training hardly moves the rate at all
         return None
-    at_epochs, at_steps = shares(scheduler, epochs), shares(scheduler, steps)
-    if at_epochs is None or at_steps is None:
+    ahead = shares(scheduler, max(epochs, steps))  # a step of the copy is a step, whichever interval it stands for
+    if ahead is None:
         return None
+    at_epochs, at_steps = ahead[:epochs + 1], ahead[:steps + 1]
     if per_epoch and max(at_epochs) < NEVER_PAST * max(at_steps):
         return (f"stepped per epoch, its rate never gets past {max(at_epochs) / max(at_steps):.0%} of its peak in "
                 f"the {epochs} epoch(s) planned; stepped per optimizer step, it reaches it")
-    after_tenth, tenth_epochs = max(at_steps[min(steps // 10, len(at_steps) - 1):]), at_epochs[epochs // 10]
+    after_tenth = max(at_steps[min(steps // 10, len(at_steps) - 1):])
+    tenth_epochs = at_epochs[min(epochs // 10, len(at_epochs) - 1)]
     if not per_epoch and after_tenth <= COLLAPSED and tenth_epochs >= NEVER_PAST:  # and stays there (no restart)
         return (f"stepped per optimizer step, its rate is at most {after_tenth:.2g} of its base rate from a tenth "
                 f"into the {steps} steps planned; stepped per epoch, it would be {tenth_epochs:.0%} there")
