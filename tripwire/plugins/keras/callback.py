@@ -79,6 +79,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._sampled: tuple = ()
         self._state = "finished"
         self._verdicts: list = []
+        self._told_apart: set = set()  # the variables trained apart from their flag already told (Keras warns once)
         self._predicted: Predicted | None = None
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
         self._looked = False  # the run holds what the first sampled step trained with
@@ -117,9 +118,11 @@ class TripwireCallback(keras.callbacks.Callback):
     def _tell_trained_apart(self, made: list, frozen: list) -> None:
         """Variables whose layer's `trainable` changed after Keras' train function was traced, which this fit
         leaves untrained or trains all the same (tf_step.trained_apart): their layers named in the log, the
-        relations told at the fit's first step."""
+        relations told at the fit's first step, once (a loop of one-epoch fits would tell them at every fit)."""
         for relation, variables, *what in (("trainable_after_compile", made, "made trainable", "not trained"),
                                            ("frozen_after_compile", frozen, "frozen", "still trained")):
+            variables = [v for v in variables if id(v) not in self._told_apart]
+            self._told_apart.update(id(v) for v in variables)
             if variables:
                 log.warning("tripwire: layers %s after the model's train function was made, so %s by this fit "
                             "(call compile() again): %s", *what,
