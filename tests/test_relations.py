@@ -889,6 +889,63 @@ def test_lightning_a_loader_that_repeats_one_batch_is_a_warning(tmp_path, datase
         assert trainer.callback_metrics["val_loss"] < 0.8 and findings(run) == []
 
 
+def first_batch_loop(out, draw: str, steps: int = 120):
+    """A plain loop on digits whose batch comes, at each step, from `draw`: "next_iter" (`next(iter(loader))`,
+    shuffling off: the loader's first batch every time), "next_iter_shuffled" (a random batch each time),
+    "epochs" (the loader iterated once per epoch, with a held-out batch drawn by `next(iter(val_loader))` at every
+    step, as a loop that logs a validation loss per step does), "full_loader" (`next(iter(loader))` over a
+    loader of one batch: full-batch training) or "full_tensor" (the whole set, a fresh copy at every step).
+    Returns (the run, the accuracy on the whole set)."""
+    x, y = digits()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), shuffle=draw.endswith("shuffled"),
+                                         batch_size=len(x) if draw == "full_loader" else 32)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[-256:], y[-256:]), batch_size=64)
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = iter(())
+    with TripwireProbe(model, optimizer, CONFIG, out_dir=out) as probe:
+        for step in range(steps):
+            if draw == "epochs":
+                batch = next(batches, None)
+                if batch is None:
+                    batches = iter(loader)
+                    batch = next(batches)
+            elif draw == "full_tensor":
+                batch = x.clone(), y.clone()
+            else:
+                batch = next(iter(loader))
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(batch[0]), batch[1])
+            loss.backward()
+            optimizer.step()
+            if draw == "epochs":
+                with torch.no_grad():
+                    model.eval()
+                    held_out = next(iter(val))
+                    probe.log_eval({"val_loss": float(F.cross_entropy(model(held_out[0]), held_out[1]))})
+                    model.train()
+            probe.step(loss)
+    model.eval()
+    return tripwire.open_run(probe.run_url), float((model(x).argmax(1) == y).float().mean())
+
+
+@pytest.mark.parametrize("draw", ["next_iter", "next_iter_shuffled", "epochs", "full_loader", "full_tensor"])
+def test_probe_a_loop_that_draws_the_first_batch_again_is_a_warning(tmp_path, draw):
+    """`next(iter(loader))` in a plain loop, shuffling off: the model sees the loader's first batch alone, told at
+    the third step in a row. A full-batch training (one batch by design), a fresh random batch per step and a
+    held-out batch drawn per step are silent, and DataLoader is left as it was once the probe stops looking."""
+    iterate = torch.utils.data.DataLoader.__iter__
+    run, accuracy = first_batch_loop(tmp_path / "run", draw)
+    assert torch.utils.data.DataLoader.__iter__ is iterate
+    if draw == "next_iter":
+        assert findings(run) == [("repeated_batch", 2, "warning")]
+        (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations" and v.fired]
+        assert "next(iter(loader))" in verdict.hint
+        assert accuracy < 0.8  # 32 samples learnt by heart: the healthy loops reach 0.9
+    else:
+        assert findings(run) == [] and accuracy > 0.9
+
+
 class BackboneAndHeads(nn.Module):
     """A backbone and a classifier head, and a second head beside it. `cut`: what reaches the head — the
     backbone's output as it is (None), detached ("detach"), or computed under torch.no_grad() ("no_grad"); with

@@ -59,6 +59,7 @@ from .evaldropout import DropoutInEval
 from .firststep import LossSpy
 from .gradnorm import SERIES as GRADIENT_NORM
 from .gradnorm import GradientNorms
+from .loaders import FirstBatchRepeats
 from .losswatch import KEPT_LOSSES, LossWatch
 from .objectives import ForwardCounts, Objectives
 from .origin import find_origin, finite_on_host, loss_origin
@@ -139,6 +140,8 @@ class TripwireProbe:
         # over the first steps, until an optimizer steps: gradients cleared that no optimizer applied
         self._discards = DiscardedGradients(self.optimizers) \
             if "relations" in self._recorder.plan.collections and self.optimizers else None
+        # over the first steps, a loader that hands out its first batch again and again (next(iter(loader)))
+        self._repeats = FirstBatchRepeats() if "relations" in self._recorder.plan.collections else None
         self._hooks = [hook for called in called_modules(model)
                        for hook in (called.register_forward_pre_hook(self._on_forward),
                                     called.register_forward_hook(self._after_forward, with_kwargs=True))]
@@ -181,6 +184,7 @@ class TripwireProbe:
             self._stepped_last = stepped
         forwards = self._count_forwards()
         discarded = self._discarded()
+        repeats = self._repeated_batches(step)
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
@@ -202,6 +206,9 @@ class TripwireProbe:
             said = self._recorder.check_relation(step, "gradients_discarded", discarded) if discarded else None
             if said is not None:
                 decision = said if decision is None else decision.merge(said)
+            said = self._recorder.check_relation(step, "repeated_batch", repeats) if repeats else None
+            if said is not None:
+                decision = said if decision is None else decision.merge(said)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -218,6 +225,8 @@ class TripwireProbe:
             scalars["relations/skipped_steps"] = self._skipped if overflowed(self.optimizers) else 0
         if discarded:
             scalars["relations/gradients_discarded"] = discarded
+        if repeats:
+            scalars["relations/repeated_batch"] = repeats
         if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:
@@ -240,6 +249,16 @@ class TripwireProbe:
         found = self._discards.end()
         if self._discards.done:
             self._discards = None
+        return found
+
+    def _repeated_batches(self, step: int) -> int | None:
+        """The end of a step for FirstBatchRepeats: the steps trained on one repeated first batch, where this step
+        tells it; then, and once its first steps are over, it is off."""
+        if self._repeats is None:
+            return None
+        found = self._repeats.end_step(step)
+        if self._repeats.done:
+            self._repeats = None
         return found
 
     def _count_forwards(self) -> dict | None:
@@ -283,6 +302,8 @@ class TripwireProbe:
         self._hooks = []
         if self._discards is not None:
             self._discards.remove()
+        if self._repeats is not None:
+            self._repeats.close()
         self._end_look()
         self._end_eval_look()
         self._record_first_step()
@@ -318,6 +339,8 @@ class TripwireProbe:
         if self._shapes.new_stage(args[0] if args else None):
             self._recorder.new_objective(self.global_step)
         self._begin()
+        if self._repeats is not None and args:
+            self._repeats.see_inputs(self.global_step, args[0])
         if self._sampled and args:
             self._capture.take_inputs(args[0])
 
