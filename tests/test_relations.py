@@ -92,9 +92,10 @@ def test_an_optimizer_step_never_called_is_an_error_at_step_2(tmp_path):
 
 @pytest.mark.parametrize("per_batch", [True, False], ids=["scheduler_per_batch", "scheduler_per_epoch"])
 def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batch):
-    """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: by step 100 the rate is 1e-12
-    and every update rounds away in float32. The sampled step that finds the step changed nothing names the rate,
-    not a broken optimizer; the twin that steps it per epoch (40 batches) learns and is silent."""
+    """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: at step 20 the rate is below 1%
+    of its start, told at step 40, when it has been there as long; by step 100 it is 1e-12 and every update rounds
+    away in float32. The sampled step that finds the step changed nothing names the rate, not a broken optimizer;
+    the twin that steps it per epoch (40 batches) learns and is silent."""
     schedulers = []
 
     def sgd_with_step_lr(parameters):
@@ -107,10 +108,42 @@ def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batc
     if not per_batch:
         assert accuracy > 0.8 and findings(run) == []
         return
-    ((finding, step, severity),) = findings(run)
+    collapsed, (finding, step, severity) = findings(run)
+    assert collapsed == ("rate_collapsed", 40, "warning")
     assert (finding, severity) == ("update_rounds_away", "error") and step <= 100
-    (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations"]
-    assert "scheduler" in verdict.hint
+    assert all("scheduler" in v.hint for v in run.verdicts() if v.rule == "training_relations")
+
+
+def sgd_scheduled(schedule):
+    """An SGD optimizer whose learning rate `schedule(optimizer)` moves, and the step that moves it (its
+    argument: the step's loss)."""
+    stepping = []
+
+    def make(parameters):
+        optimizer = torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
+        scheduler = schedule(optimizer)
+        stepping.append(scheduler.step)
+        return optimizer
+
+    return make, stepping
+
+
+@pytest.mark.parametrize("schedule", ["cosine_to_0", "linear_to_0", "step_decay", "plateau"])
+def test_a_schedule_that_ends_near_0_is_no_collapse(tmp_path, schedule):
+    """Rates that reach 1% of their peak at the end of training, as planned, are no collapse: a cosine and a linear
+    decay to 0 at the last step, a step decay whose last stage is shorter than the ones before. A
+    ReduceLROnPlateau that cut the rate to 1e-5 of its start in the first steps lowered it because the loss
+    stopped improving: not judged (`mode="max"` on a falling loss: every step is a plateau)."""
+    steps = 200
+    make = {"cosine_to_0": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=steps),
+            "linear_to_0": lambda o: torch.optim.lr_scheduler.LinearLR(o, 1.0, 0.0, total_iters=steps),
+            "step_decay": lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [80, 140, 180], gamma=0.1),
+            "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, "max", factor=0.1, patience=0)}
+    optimizer, stepping = sgd_scheduled(make[schedule])
+    run, accuracy = loop(tmp_path / "run", optimizer=optimizer, steps=steps,
+                         after_step=lambda step: stepping[0](*([1.0 / (step + 1)] if schedule == "plateau" else [])))
+    assert findings(run) == []
+    assert schedule == "plateau" or accuracy > 0.9
 
 
 @pytest.mark.parametrize("clear, accumulate", [("before_forward", 1), ("before_backward", 1), ("before_forward", 4)])

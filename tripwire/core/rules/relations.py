@@ -128,6 +128,14 @@ RELATIONS = {
         "counts optimizer steps (a warmup over N steps, OneCycleLR's total_steps, Transformers' "
         "get_linear_schedule_with_warmup), with 'interval': 'epoch' (Lightning's default) where it counts epochs "
         "(StepLR's step_size, CosineAnnealingLR's T_max in epochs)."),
+    "rate_collapsed": (
+        "warning",
+        "the learning rate fell to 1% of its peak or below early in training and has stayed there for as many "
+        "steps as it took to fall (the training log gives the rates and the schedulers): the model has hardly "
+        "trained since, while its loss looks settled",
+        "A scheduler written in epochs (StepLR's step_size, MultiStepLR's milestones, ExponentialLR's gamma) is "
+        "stepped once per batch: move scheduler.step() out of the batch loop, after it, or give the schedule in "
+        "optimizer steps (step_size x batches per epoch). Print optimizer.param_groups[0]['lr'] to see it."),
     "trainable_after_compile": (
         "error",
         "{n} variable(s) of layers made trainable after the model's train function was made (the training log "
@@ -216,7 +224,11 @@ class TrainingRelations(Rule):
                 "optimizer step, its rate is at most 1 % of its base from a tenth into the training on (no restart) "
                 "where per epoch it would be 10 % or more there (a decay counted in epochs); not for trainings of "
                 "fewer than 3 epochs, nor a "
-                "ReduceLROnPlateau (warning); "
+                "ReduceLROnPlateau (warning); `rate_collapsed` — in the probe, an optimizer's learning rate (the "
+                "largest of its groups') at 1 % of its peak so far or below, without a break, for as many steps as it "
+                "took to get there and at least 10: a schedule that ends at 0 stops the training there, a cosine "
+                "rises again, a step decay's last stage is shorter than the ones before it (warning, told once; not "
+                "under a ReduceLROnPlateau); "
                 "`trainable_after_compile` and `frozen_after_compile` — at a Keras fit's first step on TensorFlow, "
                 "variables whose layer's `trainable` changed after the model's train function first applied "
                 "gradients (told by the variables its optimizer was built for), which that function, reused until "

@@ -67,6 +67,7 @@ from .reduce import Reductions
 from .relations import (MODE_DEPENDENT, DiscardedGradients, UpdateWatch, eval_mode_modules, overflowed,
                         stepping, train_mode_modules)
 from .replicas import Replicas
+from .schedules import RateWatch
 from .structure import called_modules, describe
 
 log = logging.getLogger("tripwire")
@@ -140,6 +141,8 @@ class TripwireProbe:
         # over the first steps, until an optimizer steps: gradients cleared that no optimizer applied
         self._discards = DiscardedGradients(self.optimizers) \
             if "relations" in self._recorder.plan.collections and self.optimizers else None
+        # a learning rate that fell to near 0 early and stays there (a scheduler stepped per batch, not per epoch)
+        self._rates = RateWatch(self.optimizers) if "relations" in self._recorder.plan.collections else None
         # over the first steps, a loader that hands out its first batch again and again (next(iter(loader)))
         self._repeats = FirstBatchRepeats() if "relations" in self._recorder.plan.collections else None
         self._hooks = [hook for called in called_modules(model)
@@ -185,6 +188,9 @@ class TripwireProbe:
         forwards = self._count_forwards()
         discarded = self._discarded()
         repeats = self._repeated_batches(step)
+        collapsed = self._rates.see(step) if self._rates is not None else None
+        if collapsed:
+            log.warning("tripwire: %s", collapsed)
         self._skipped = 0 if trained or not self.optimizers else self._skipped + 1
         if not self._sampled:  # a NaN loss, and training in eval mode, at the step it appears, sampled or not
             found = self._losses.see(step, loss)
@@ -209,6 +215,9 @@ class TripwireProbe:
             said = self._recorder.check_relation(step, "repeated_batch", repeats) if repeats else None
             if said is not None:
                 decision = said if decision is None else decision.merge(said)
+            said = self._recorder.check_relation(step, "rate_collapsed", 1) if collapsed else None
+            if said is not None:
+                decision = said if decision is None else decision.merge(said)
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -227,6 +236,8 @@ class TripwireProbe:
             scalars["relations/gradients_discarded"] = discarded
         if repeats:
             scalars["relations/repeated_batch"] = repeats
+        if collapsed:
+            scalars["relations/rate_collapsed"] = 1
         if self._replicas is not None and self._capture.wants("relations"):  # every rank, at the same steps
             differ = self._replicas.differ(self.optimizers)
             if differ is not None:

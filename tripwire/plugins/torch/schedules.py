@@ -13,6 +13,7 @@ which the schedule was written for.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import warnings
 
@@ -110,3 +111,65 @@ def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str |
         return (f"stepped per optimizer step, its rate is at most {after_tenth:.2g} of its base rate from a tenth "
                 f"into the {steps} steps planned; stepped per epoch, it would be {tenth_epochs:.0%} there")
     return None
+
+
+class RateWatch:
+    """A learning rate that collapsed early and stayed there: at some step each optimizer's rate (the largest of its
+    groups') is at COLLAPSED of its peak so far or below, and it has stayed there for as many steps as it took to
+    fall there (at least LEAST). A schedule written in epochs and stepped per batch (StepLR, ExponentialLR in the
+    batch loop) does this within the first epochs, and the model trains no further while its loss looks settled. A
+    healthy schedule gets there, if at all, at its end: a decay to 0 at the planned last step, a cosine that rises
+    again, a step decay whose last stage is shorter than the stages before it. A ReduceLROnPlateau lowers the rate
+    because the loss stopped improving: it is not judged. Rates are read from the optimizers' groups at each step
+    (Python numbers only: a tensor rate would wait for its device); the schedulers are looked for once, when a
+    collapse is told."""
+
+    LEAST = 10
+
+    def __init__(self, optimizers):
+        self._optimizers = list(optimizers)
+        self._peaks = [0.0] * len(self._optimizers)
+        self._since = [None] * len(self._optimizers)  # the step each rate fell to COLLAPSED of its peak, while there
+        self.told = False
+
+    def see(self, step: int) -> str | None:
+        """After the optimizer steps of `step`: what collapsed, where this step tells it (once per run)."""
+        if self.told:
+            return None
+        collapsed = []
+        for i, optimizer in enumerate(self._optimizers):
+            rate = max((g["lr"] for g in optimizer.param_groups if isinstance(g.get("lr"), (int, float))),
+                       default=None)
+            if rate is None:
+                continue
+            if rate > COLLAPSED * self._peaks[i]:
+                self._peaks[i], self._since[i] = max(self._peaks[i], rate), None
+            elif self._since[i] is None:
+                self._since[i] = step
+            elif step - self._since[i] >= max(self._since[i], self.LEAST):
+                collapsed.append((optimizer, rate, self._peaks[i], self._since[i]))
+        if not collapsed:
+            return None
+        self.told = True
+        schedulers = _schedulers_of([optimizer for optimizer, *_ in collapsed])
+        if any(isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau) for s in schedulers):
+            return None
+        said = "; ".join(f"{type(optimizer).__name__}'s learning rate fell from {peak:.3g} to {COLLAPSED:.0%} of it "
+                         f"or below at step {since} and is {rate:.3g} at step {step}"
+                         for optimizer, rate, peak, since in collapsed)
+        return said + "".join(f"; {type(s).__name__} has stepped {s.last_epoch} time(s) in {step + 1} step(s)"
+                              for s in schedulers if isinstance(getattr(s, "last_epoch", None), int))
+
+
+def _schedulers_of(optimizers: list) -> list:
+    """The learning-rate schedulers that hold any of these optimizers (found once, through what refers to each)."""
+    found = []
+    for optimizer in optimizers:
+        for referrer in gc.get_referrers(optimizer):
+            if isinstance(referrer, dict):  # an instance's __dict__: its owner is what refers to it
+                owners = [o for o in gc.get_referrers(referrer) if getattr(o, "__dict__", None) is referrer]
+            else:
+                owners = [referrer]
+            found += [o for o in owners if isinstance(o, torch.optim.lr_scheduler.LRScheduler)
+                      and o.optimizer is optimizer and o not in found]
+    return found
