@@ -18,21 +18,33 @@ import torch
 from .relations import BatchWatch
 
 _watches: weakref.WeakSet = weakref.WeakSet()  # the open watches, which each note every iterator started
-_original = None  # DataLoader.__iter__, while it is wrapped
+_installed = None  # (DataLoader.__iter__, the wrapper in its place), while it is wrapped
 
 
-def _noted_iter(loader):
-    iterator = _original(loader)
-    if not _watches:  # every watch was let go without closing: nothing to note for
-        _restore()
+def _noting(original):
+    """DataLoader.__iter__, noting each iterator it starts with the open watches."""
+
+    def __iter__(loader):
+        iterator = original(loader)
+        if not _watches:  # every watch was let go without closing: nothing to note for
+            _restore()
+            return iterator
+        for watch in list(_watches):
+            watch.started.append((iterator, _batches(loader)))
         return iterator
+
+    return __iter__
+
+
+def _batches(loader) -> int | None:
+    """The batches an epoch of a loader holds; None where it cannot say without a side effect (the length of an
+    IterableDataset's loader, once read, is held against what it yields) or at all."""
+    if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        return None
     try:
-        batches = len(loader)
-    except TypeError:  # an IterableDataset without a length: how many batches an epoch holds is unknown
-        batches = None
-    for watch in list(_watches):
-        watch.started.append((iterator, batches))
-    return iterator
+        return len(loader)
+    except Exception:  # noqa: BLE001 - a sampler without a length: unknown
+        return None
 
 
 class FirstBatchDraws:
@@ -42,11 +54,12 @@ class FirstBatchDraws:
     read), and no longer."""
 
     def __init__(self):
-        global _original
+        global _installed
         self.started: list = []  # (iterator, the loader's batches) since the last end_step()
-        if _original is None:
-            _original = torch.utils.data.DataLoader.__iter__
-            torch.utils.data.DataLoader.__iter__ = _noted_iter
+        if _installed is None:
+            original = torch.utils.data.DataLoader.__iter__
+            _installed = (original, _noting(original))
+            torch.utils.data.DataLoader.__iter__ = _installed[1]
         _watches.add(self)
 
     def end_step(self) -> bool:
@@ -64,9 +77,13 @@ class FirstBatchDraws:
 
 
 def _restore() -> None:
-    global _original
-    if _original is not None:
-        torch.utils.data.DataLoader.__iter__, _original = _original, None
+    """DataLoader.__iter__ back as it was, unless something else has been put in its place since."""
+    global _installed
+    if _installed is not None:
+        original, wrapper = _installed
+        if vars(torch.utils.data.DataLoader).get("__iter__") is wrapper:
+            torch.utils.data.DataLoader.__iter__ = original
+        _installed = None
 
 
 class FirstBatchRepeats:

@@ -138,8 +138,7 @@ class RateWatch:
             return None
         collapsed = []
         for i, optimizer in enumerate(self._optimizers):
-            rate = max((g["lr"] for g in optimizer.param_groups if isinstance(g.get("lr"), (int, float))),
-                       default=None)
+            rate = _largest_rate(optimizer)
             if rate is None:
                 continue
             if rate > COLLAPSED * self._peaks[i]:
@@ -159,6 +158,12 @@ class RateWatch:
                          for optimizer, rate, peak, since in collapsed)
         return said + "".join(f"; {type(s).__name__} has stepped {s.last_epoch} time(s) in {step + 1} step(s)"
                               for s in schedulers if isinstance(getattr(s, "last_epoch", None), int))
+
+
+def _largest_rate(optimizer) -> float | None:
+    """The largest learning rate of an optimizer's groups, where each is a Python number; else None."""
+    rates = [group.get("lr") for group in optimizer.param_groups]
+    return max(rates) if rates and all(type(rate) in (float, int) for rate in rates) else None
 
 
 def _schedulers_of(optimizers: list) -> list:
