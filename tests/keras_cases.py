@@ -742,3 +742,39 @@ def test_a_loss_that_sums_its_samples_says_how_many_at_the_first_step(tmp_path):
     (use,) = run.first_step.losses
     assert (use.loss, use.settings["reduction"], use.terms) == ("binary_cross_entropy", "sum", 128)
     assert [v.rule for v in run.verdicts() if v.counts] == []
+
+
+class Batches(keras.utils.PyDataset):
+    """Digits in batches of 32; `ignores_index`: __getitem__ forgets its index and hands out the first batch at
+    every step; `batches`: how many an epoch holds (1: the whole set at once, a full-batch training)."""
+
+    def __init__(self, x, y, ignores_index=False, batches=None):
+        super().__init__()
+        self.x, self.y, self.ignores_index = x, y, ignores_index
+        self.size = 32 if batches is None else -(-len(x) // batches)
+
+    def __len__(self):
+        return -(-len(self.x) // self.size)
+
+    def __getitem__(self, index):
+        start = 0 if self.ignores_index else index * self.size
+        return self.x[start:start + self.size], self.y[start:start + self.size]
+
+
+@pytest.mark.parametrize("data", ["healthy", "index_ignored", "full_batch"])
+def test_a_dataset_that_hands_out_one_batch_again_is_a_warning(tmp_path, data):
+    """A PyDataset whose __getitem__ ignores its index trains on one batch: the inputs of steps 0, 1 and 2 are
+    the same bytes, told at step 2. Batches that change, and a full-batch training (one batch per epoch, the same
+    at every step by design), are silent and learn."""
+    (xt, yt), (xv, yv) = helpers.digits()
+    model = mlp(optimizer="adam", lr=0.01)
+    cb = TripwireCallback({"rules": [{"rule": "training_relations"}]}, out_dir=tmp_path / "run")
+    batches = Batches(xt, yt, ignores_index=data == "index_ignored", batches=1 if data == "full_batch" else None)
+    model.fit(batches, epochs=100 if data == "full_batch" else 3, verbose=0, callbacks=[cb])
+    found = [(v.finding, v.step, v.severity) for v in tripwire.open_run(cb.run_url).verdicts()
+             if v.rule == "training_relations" and v.fired]
+    accuracy = float(np.mean(np.argmax(model.predict(xv, verbose=0), axis=1) == yv))
+    if data == "index_ignored":
+        assert found == [("repeated_batch", 2, "warning")] and accuracy < 0.8
+    else:
+        assert found == [] and accuracy > 0.9

@@ -437,6 +437,40 @@ def test_optimizers_of_a_custom_train_step_passed_through_wrap_optimizer_are_cap
     assert not fired(cb.run_url)
 
 
+class SineFit(keras.Model):
+    """A physics-informed network's way: the train step draws its own points on [-3, 3] and fits sin there; the
+    fit's data is a placeholder of zeros (the same bytes at every step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = keras.Sequential([keras.Input((1,)), keras.layers.Dense(32, activation="tanh"),
+                                     keras.layers.Dense(1)])
+
+    def call(self, x, training=False):
+        return self.net(x)
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        points = tf.random.uniform((64, 1), -3.0, 3.0)
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(self(points, training=True) - keras.ops.sin(points)))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_weights), self.trainable_weights))
+        return {"loss": loss}
+
+
+def test_a_placeholder_batch_of_a_train_step_that_makes_its_own_data_is_no_repeat(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = SineFit()
+    model.compile(keras.optimizers.Adam(0.01))
+    cb = TripwireCallback({"rules": [{"rule": "training_relations"}]}, out_dir=tmp_path / "run")
+    model.fit(np.zeros((64 * 32, 1), "float32"), np.zeros((64 * 32, 1), "float32"), batch_size=64, epochs=5,
+              verbose=0, callbacks=[cb])
+    points = np.linspace(-3, 3, 200, dtype="float32")[:, None]
+    assert np.mean((model.predict(points, verbose=0) - np.sin(points)) ** 2) < 0.05  # it learns sin
+    assert not [v for v in cb.verdicts if v.fired]
+
+
 class OwnLosses(TwoOptimizers):
     """TwoOptimizers whose train step logs its loss under a name of its own, as a GAN's logs `d_loss` and `g_loss`:
     Keras logs no `loss`."""

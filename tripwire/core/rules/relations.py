@@ -78,7 +78,8 @@ RELATIONS = {
         "the loader repeats one batch, so the model learns that batch alone while its loss still goes down",
         "Iterate the loader once per epoch (`for batch in loader:`): a `next(iter(loader))` in the loop starts a "
         "fresh iterator at every step, which hands out the first batch again where shuffling is off. Check that "
-        "the dataset's __getitem__ uses its index and that an IterableDataset moves on."),
+        "the dataset's __getitem__ uses its index (a torch Dataset, a keras.utils.PyDataset), that an "
+        "IterableDataset or a generator moves on."),
     "same_eval_data": (
         "warning",
         "{n} eval set(s) logged exactly the metrics of another eval set at every round so far: the same data under "
@@ -205,7 +206,9 @@ class TrainingRelations(Rule):
                 "the first steps and at consecutive steps the plugin sees, on an accelerator at sampled steps only; "
                 "the plain-loop probe, over its first 6 steps, where each of those steps' inputs came from an "
                 "iterator started for it over a DataLoader of several batches and left after its first: a full-batch "
-                "training, from one tensor or a loader of one batch, is not judged); "
+                "training, from one tensor or a loader of one batch, is not judged; Keras, from digests of the inputs "
+                "of steps 0-2 where they reach the host whole (on the CPU), where an epoch holds more than one step "
+                "and a call runs one); "
                 "`same_eval_data` — an XGBoost eval set logged exactly the metrics of another at every round so far "
                 "(warning); `replicas_differ` — under DDP, after an optimizer step, some rank's parameters (a "
                 "checksum of their bits) differ from rank 0's (error; the probe and Lightning); `skipped_steps` — no "
@@ -235,14 +238,16 @@ class TrainingRelations(Rule):
                 "compile(), leaves untrained or trains all the same (error; that fit runs Keras' own function "
                 "alone). PyTorch: the probe, Lightning and the Hugging Face Trainer; `stale_gradients` can break "
                 "only where the user clears gradients (the probe, Lightning's manual optimisation). Keras applies its "
-                "gradients itself: of these it can break `skipped_steps` and the two of `trainable` only")
+                "gradients itself: of these it can break `skipped_steps`, `repeated_batch` and the two of `trainable` "
+                "only")
     hint = ("A relation every healthy training obeys was broken; the message names it and the change to make.")
     source = ("TrainCheck (Lu et al., OSDI 2025) infers such invariants from healthy runs and catches silent errors "
               "within an iteration; here the relations are known in advance and judged from facts the plugin "
               "records at no per-step cost, so a healthy run has nothing to break.")
 
     def requires(self):
-        return [Requirement("relations", steps=(1, 2))]
+        # the first batches' inputs, where a plugin judges from them whether the batch changes (Keras)
+        return [Requirement("relations", steps=(1, 2)), Requirement("inputs", steps=(0, 1, 2), optional=True)]
 
     def check(self, run, step):
         found = []

@@ -31,6 +31,7 @@ from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.core.reductions import reduce as reduce_numpy
 from tripwire.core.sinks import EventFileSink, siblings
 
+from .batches import InputRepeats
 from .capture import StepCapture
 from .firststep import first_step
 from .hooks import hook_model
@@ -39,9 +40,9 @@ from .structure import describe
 from .tf_step import trained_apart
 
 log = logging.getLogger("tripwire")
-# What a Keras fit shows: not a booster's trees, nor the torch loop's relations (Keras computes gradients afresh
-# each step and keeps the model's mode itself: a missing zero_grad or an eval-mode step cannot happen).
-PROVIDES = set(COLLECTIONS) - {"trees", "feature_importance", "relations"}
+# What a Keras fit shows: not a booster's trees. Of the relations, those a fit can break (Keras computes gradients
+# afresh each step and keeps the model's mode itself: a missing zero_grad or an eval-mode step cannot happen).
+PROVIDES = set(COLLECTIONS) - {"trees", "feature_importance"}
 
 
 class TripwireCallback(keras.callbacks.Callback):
@@ -86,6 +87,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._log_loss = False  # the config captures the loss Keras logs (`metrics/loss`) at every step
         self._step_losses: StepLosses | None = None  # each step's own loss, stored where the config keeps losses
         self._guard = None  # where the loss of a step is not finite, finds the layer where that began (origin.py)
+        self._repeats: InputRepeats | None = None  # whether the batch changes, over the fit's first steps
 
     @property
     def verdicts(self) -> list:
@@ -99,7 +101,7 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.close()
         structure = describe(model)
         apart = trained_apart(model)
-        self._open(model, structure, relations=any(apart))
+        self._open(model, structure)
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
         self._guard = hook_model(model, remake=not any(apart))
@@ -113,6 +115,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
         self._counted = (_steps_taken(model), self._base - 1) if _skips_steps(model) else None
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
+        # one batch per call, and more than one per epoch: else a repeat is not told from a full-batch training
+        self._repeats = InputRepeats() if "relations" in self._plan.collections and self._span == 1 and \
+            (self._epoch_steps or 0) > 1 else None
         self._tell_trained_apart(*apart)
 
     def _tell_trained_apart(self, made: list, frozen: list) -> None:
@@ -133,9 +138,8 @@ class TripwireCallback(keras.callbacks.Callback):
         self._next = self._epoch_end()
         self._close(self._state)
 
-    def _open(self, model, structure=None, relations: bool = False) -> None:
-        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again).
-        relations: the fit breaks a relation the plugin tells (besides skipped steps)."""
+    def _open(self, model, structure=None) -> None:
+        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
         if self._recorder is None:
             # the model this callback trained goes on (it took steps): append to its run
             goes_on = self.run_url is not None and (_steps_taken(model) > 0 or model is self._fit_model)
@@ -145,8 +149,7 @@ class TripwireCallback(keras.callbacks.Callback):
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
                                       info={"keras_backend": keras.backend.backend()},
-                                      provides=PROVIDES | {"relations"} if _skips_steps(model) or relations
-                                      else PROVIDES,
+                                      provides=PROVIDES,
                                       model=structure if structure is not None else _built(model),
                                       append=self.append or goes_on)
             self._recorder.start()
@@ -221,6 +224,9 @@ class TripwireCallback(keras.callbacks.Callback):
                 values[f"metrics/{key}"] = {"value": float(value)}
         if self._counted is not None and "relations" in plans:
             values["relations/skipped_steps"] = {"value": float(self._skipped(step))}
+        repeated = self._repeats.see(step, self._capture.fingerprints) if self._repeats is not None else None
+        if repeated is not None and "relations" in plans:
+            values["relations/repeated_batch"] = {"value": float(repeated)}
         # a NaN in the loss Keras logs joins a sample that does not hold the loss (one sampled for other collections)
         self._decide(self._recorder.record(step, "train", {**values, **self._origin()}, tensors,
                                            loss=nonfinite_logged_loss(logs)), step)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 from collections.abc import Mapping
 
@@ -127,6 +128,7 @@ class StepCapture:
         self.active: dict = {}
         self.values: dict = {}
         self.tensors: dict = {}
+        self.fingerprints: dict = {}  # input name -> a digest of its bytes, where the step's inputs reached the host
         self.budget_of = None  # the recorder's tensor_budget: the room the full tensors of a step are copied within
         self.budget = None
         self._key: frozenset = frozenset()
@@ -174,7 +176,7 @@ class StepCapture:
     def begin(self, collections) -> None:
         """Prepare a sampled step: swap in the capture function if the step needs anything from inside it."""
         self.active = {c.name: c for c in collections}
-        self.values, self.tensors = {}, {}
+        self.values, self.tensors, self.fingerprints = {}, {}, {}
         self.budget = self.budget_of() if self.budget_of is not None else None
         needed = frozenset(self.active) & (IN_STEP if self.retraces else {"losses"})
         self._key = self._everything & SCALARS_IN_STEP if needed <= SCALARS_IN_STEP else self._everything
@@ -451,6 +453,11 @@ class StepCapture:
         else:
             self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""),
                                              self._channels.get(name, -1))
+            # whole on the host: whether the next batch is the same one (InputRepeats); not a constant one, the
+            # placeholder of a train_step that makes its own data (a physics-informed network's points)
+            if plan.name == "inputs" and array.size and not np.all(array == array.reshape(-1)[0]):
+                self.fingerprints[name] = hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8),
+                                                          digest_size=16).digest()
             if plan.save_tensors and (self.budget is None or self.budget.take(name, array.nbytes)):
                 self.tensors[name] = np.array(array)  # a copy: parameters change in place
 

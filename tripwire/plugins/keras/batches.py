@@ -1,0 +1,34 @@
+"""Whether a fit's batch changes from step to step: a `keras.utils.PyDataset` whose `__getitem__` ignores its
+index, or a generator that yields one batch again and again, trains the model on that batch alone while its loss
+goes down. Judged at the first steps, which are sampled (the inputs of steps 0-2 are captured for
+training_relations), from digests of the inputs' bytes where they reach the host whole (on the CPU; on an
+accelerator they are reduced there, and this is not judged); only where Keras says an epoch holds more than one
+step, as a full-batch training repeats its one batch by design. A constant batch (a placeholder for a train_step
+that makes its own data) is not judged."""
+
+from __future__ import annotations
+
+IN_A_ROW = 2  # repeats in a row (three equal batches) that are told
+
+
+class InputRepeats:
+    """The digests of the inputs at consecutive sampled steps."""
+
+    def __init__(self):
+        self._last = None  # (step, digests) of the last step seen
+        self._repeats = 0
+        self.told = False
+
+    def see(self, step: int, digests: dict) -> int | None:
+        """The batches in a row that were the same, told once: IN_A_ROW + 1 where this step is the IN_A_ROW-th
+        repeat, 0 where it was compared with the step before and differs or is not yet told; None where it was not
+        compared (no digest, or no step just before it)."""
+        if self.told or not digests:
+            return None
+        last, self._last = self._last, (step, digests)
+        if last is None or last[0] != step - 1:
+            self._repeats = 0
+            return None
+        self._repeats = self._repeats + 1 if digests == last[1] else 0
+        self.told = self._repeats >= IN_A_ROW
+        return IN_A_ROW + 1 if self.told else 0
