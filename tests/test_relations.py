@@ -93,8 +93,8 @@ def test_an_optimizer_step_never_called_is_an_error_at_step_2(tmp_path):
 @pytest.mark.parametrize("per_batch", [True, False], ids=["scheduler_per_batch", "scheduler_per_epoch"])
 def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batch):
     """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: at step 20 the rate is below 1%
-    of its start, told at step 40, when it has been there as long; by step 100 it is 1e-12 and every update rounds
-    away in float32. The sampled step that finds the step changed nothing names the rate, not a broken optimizer;
+    of its start, seen at step 24 (it is read at every 8th step) and told at step 48, when it has been there as
+    long; by step 100 it is 1e-12 and every update rounds away in float32. The sampled step that finds the step changed nothing names the rate, not a broken optimizer;
     the twin that steps it per epoch (40 batches) learns and is silent."""
     schedulers = []
 
@@ -109,7 +109,7 @@ def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batc
         assert accuracy > 0.8 and findings(run) == []
         return
     collapsed, (finding, step, severity) = findings(run)
-    assert collapsed == ("rate_collapsed", 40, "warning")
+    assert collapsed == ("rate_collapsed", 48, "warning")
     assert (finding, severity) == ("update_rounds_away", "error") and step <= 100
     assert all("scheduler" in v.hint for v in run.verdicts() if v.rule == "training_relations")
 

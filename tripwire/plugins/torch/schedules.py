@@ -121,10 +121,11 @@ class RateWatch:
     healthy schedule gets there, if at all, at its end: a decay to 0 at the planned last step, a cosine that rises
     again, a step decay whose last stage is shorter than the stages before it. A ReduceLROnPlateau lowers the rate
     because the loss stopped improving: it is not judged. Rates are read from the optimizers' groups at each step
-    (Python numbers only: a tensor rate would wait for its device); the schedulers are looked for once, when a
-    collapse is told."""
+    (Python numbers only: a tensor rate would wait for its device) at every EVERY-th step, which tells a collapse
+    at most 2 x EVERY steps late; the schedulers are looked for once, when a collapse is told."""
 
     LEAST = 10
+    EVERY = 8
 
     def __init__(self, optimizers):
         self._optimizers = list(optimizers)
@@ -134,7 +135,7 @@ class RateWatch:
 
     def see(self, step: int) -> str | None:
         """After the optimizer steps of `step`: what collapsed, where this step tells it (once per run)."""
-        if self.told:
+        if self.told or step % self.EVERY:
             return None
         collapsed = []
         for i, optimizer in enumerate(self._optimizers):
