@@ -32,7 +32,7 @@ from tripwire.core.reductions import reduce as reduce_numpy
 from tripwire.core.sinks import EventFileSink, siblings
 
 from .batches import InputRepeats
-from .capture import StepCapture
+from .capture import StepCapture, on_accelerator
 from .firststep import first_step
 from .hooks import hook_model
 from .steploss import StepLosses, nonfinite_logged_loss
@@ -40,9 +40,10 @@ from .structure import describe
 from .tf_step import trained_apart
 
 log = logging.getLogger("tripwire")
-# What a Keras fit shows: not a booster's trees. Of the relations, those a fit can break (Keras computes gradients
-# afresh each step and keeps the model's mode itself: a missing zero_grad or an eval-mode step cannot happen).
-PROVIDES = set(COLLECTIONS) - {"trees", "feature_importance"}
+# What a Keras fit shows: not a booster's trees, nor the torch loop's relations (Keras computes gradients afresh
+# each step and keeps the model's mode itself: a missing zero_grad or an eval-mode step cannot happen); those a fit
+# can break are provided where the fit can tell them.
+PROVIDES = set(COLLECTIONS) - {"trees", "feature_importance", "relations"}
 
 
 class TripwireCallback(keras.callbacks.Callback):
@@ -101,7 +102,10 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.close()
         structure = describe(model)
         apart = trained_apart(model)
-        self._open(model, structure)
+        # one batch per call, more than one per epoch, inputs read on the host: else a repeat is not told
+        repeats = int(getattr(model, "steps_per_execution", 1) or 1) == 1 and (self.params.get("steps") or 0) > 1 \
+            and not on_accelerator(model)
+        self._open(model, structure, relations=any(apart) or repeats)
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
         self._guard = hook_model(model, remake=not any(apart))
@@ -115,9 +119,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._epoch_steps = self.params.get("steps")  # fit's: a predict inside the fit sets params of its own
         self._counted = (_steps_taken(model), self._base - 1) if _skips_steps(model) else None
         self._step_losses = StepLosses(self._span) if "losses" in self._plan.collections else None
-        # one batch per call, and more than one per epoch: else a repeat is not told from a full-batch training
-        self._repeats = InputRepeats() if "relations" in self._plan.collections and self._span == 1 and \
-            (self._epoch_steps or 0) > 1 else None
+        self._repeats = InputRepeats() if repeats and "relations" in self._plan.collections else None
         self._tell_trained_apart(*apart)
 
     def _tell_trained_apart(self, made: list, frozen: list) -> None:
@@ -138,8 +140,9 @@ class TripwireCallback(keras.callbacks.Callback):
         self._next = self._epoch_end()
         self._close(self._state)
 
-    def _open(self, model, structure=None) -> None:
-        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again)."""
+    def _open(self, model, structure=None, relations: bool = False) -> None:
+        """Start the run, or append to it when this callback already wrote one (fitting or evaluating again).
+        relations: the fit can tell a relation (besides skipped steps)."""
         if self._recorder is None:
             # the model this callback trained goes on (it took steps): append to its run
             goes_on = self.run_url is not None and (_steps_taken(model) > 0 or model is self._fit_model)
@@ -149,7 +152,8 @@ class TripwireCallback(keras.callbacks.Callback):
                                       framework_version=f"keras {keras.__version__}",
                                       storage_options=self.storage_options,
                                       info={"keras_backend": keras.backend.backend()},
-                                      provides=PROVIDES,
+                                      provides=PROVIDES | {"relations"} if _skips_steps(model) or relations
+                                      else PROVIDES,
                                       model=structure if structure is not None else _built(model),
                                       append=self.append or goes_on)
             self._recorder.start()
