@@ -94,8 +94,9 @@ def test_an_optimizer_step_never_called_is_an_error_at_step_2(tmp_path):
 def test_a_learning_rate_below_the_weights_precision_is_named(tmp_path, per_batch):
     """StepLR(step_size=3, gamma=0.5) written for epochs and stepped at every batch: at step 20 the rate is below 1%
     of its start, seen at step 24 (it is read at every 8th step) and told at step 48, when it has been there as
-    long; by step 100 it is 1e-12 and every update rounds away in float32. The sampled step that finds the step changed nothing names the rate, not a broken optimizer;
-    the twin that steps it per epoch (40 batches) learns and is silent."""
+    long; by step 100 it is 1e-12 and every update rounds away in float32. The sampled step that finds the step
+    changed nothing names the rate, not a broken optimizer; the twin that steps it per epoch (40 batches) learns
+    and is silent."""
     schedulers = []
 
     def sgd_with_step_lr(parameters):
@@ -128,22 +129,45 @@ def sgd_scheduled(schedule):
     return make, stepping
 
 
-@pytest.mark.parametrize("schedule", ["cosine_to_0", "linear_to_0", "step_decay", "plateau"])
+class DecayByHand:
+    """The loop's own decay, no torch scheduler: the rate x 0.1 at calls 20, 40 and 60 (plateaus seen by hand)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.calls = optimizer, 0
+
+    def step(self):
+        self.calls += 1
+        if self.calls in (20, 40, 60):
+            for group in self.optimizer.param_groups:
+                group["lr"] *= 0.1
+
+
+@pytest.mark.parametrize("schedule", ["cosine_to_0", "linear_to_0", "step_decay", "plateau", "by_hand",
+                                      "per_epoch"])
 def test_a_schedule_that_ends_near_0_is_no_collapse(tmp_path, schedule):
     """Rates that reach 1% of their peak at the end of training, as planned, are no collapse: a cosine and a linear
-    decay to 0 at the last step, a step decay whose last stage is shorter than the ones before. A
-    ReduceLROnPlateau that cut the rate to 1e-5 of its start in the first steps lowered it because the loss
-    stopped improving: not judged (`mode="max"` on a falling loss: every step is a plateau)."""
+    decay to 0 at the last step, a step decay whose last stage is shorter than the ones before. Rates lowered
+    early by what follows the training's progress are not judged: a ReduceLROnPlateau that cut the rate to 1e-5
+    of its start in the first steps (`mode="max"` on a falling loss: every step is a plateau), the loop's own
+    decay (1e-3 of its start from step 60), an ExponentialLR stepped per epoch of 10 steps (1 % by step 70)."""
     steps = 200
     make = {"cosine_to_0": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=steps),
             "linear_to_0": lambda o: torch.optim.lr_scheduler.LinearLR(o, 1.0, 0.0, total_iters=steps),
             "step_decay": lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [80, 140, 180], gamma=0.1),
-            "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, "max", factor=0.1, patience=0)}
+            "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, "max", factor=0.1, patience=0),
+            "by_hand": DecayByHand,
+            "per_epoch": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.5)}
     optimizer, stepping = sgd_scheduled(make[schedule])
-    run, accuracy = loop(tmp_path / "run", optimizer=optimizer, steps=steps,
-                         after_step=lambda step: stepping[0](*([1.0 / (step + 1)] if schedule == "plateau" else [])))
+
+    def after_step(step):
+        if schedule == "plateau":
+            stepping[0](1.0 / (step + 1))
+        elif schedule != "per_epoch" or step % 10 == 9:
+            stepping[0]()
+
+    run, accuracy = loop(tmp_path / "run", optimizer=optimizer, steps=steps, after_step=after_step)
     assert findings(run) == []
-    assert schedule == "plateau" or accuracy > 0.9
+    assert schedule in ("plateau", "by_hand") or accuracy > 0.9
 
 
 @pytest.mark.parametrize("clear, accumulate", [("before_forward", 1), ("before_backward", 1), ("before_forward", 4)])
@@ -927,8 +951,9 @@ def first_batch_loop(out, draw: str, steps: int = 120):
     shuffling off: the loader's first batch every time), "next_iter_shuffled" (a random batch each time),
     "epochs" (the loader iterated once per epoch, with a held-out batch drawn by `next(iter(val_loader))` at every
     step, as a loop that logs a validation loss per step does), "full_loader" (`next(iter(loader))` over a
-    loader of one batch: full-batch training) or "full_tensor" (the whole set, a fresh copy at every step).
-    Returns (the run, the accuracy on the whole set)."""
+    loader of one batch: full-batch training) or "full_tensor" (the whole set, a fresh copy at every step, after
+    a held-out batch drawn by `next(iter(val_loader))` and run under torch.no_grad(), the model left in train
+    mode). Returns (the run, the accuracy on the whole set)."""
     x, y = digits()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), shuffle=draw.endswith("shuffled"),
                                          batch_size=len(x) if draw == "full_loader" else 32)
@@ -944,6 +969,9 @@ def first_batch_loop(out, draw: str, steps: int = 120):
                     batches = iter(loader)
                     batch = next(batches)
             elif draw == "full_tensor":
+                with torch.no_grad():
+                    held_out = next(iter(val))
+                    model(held_out[0])
                 batch = x.clone(), y.clone()
             else:
                 batch = next(iter(loader))
@@ -965,11 +993,13 @@ def first_batch_loop(out, draw: str, steps: int = 120):
 @pytest.mark.parametrize("draw", ["next_iter", "next_iter_shuffled", "epochs", "full_loader", "full_tensor"])
 def test_probe_a_loop_that_draws_the_first_batch_again_is_a_warning(tmp_path, draw):
     """`next(iter(loader))` in a plain loop, shuffling off: the model sees the loader's first batch alone, told at
-    the third step in a row. A full-batch training (one batch by design), a fresh random batch per step and a
-    held-out batch drawn per step are silent, and DataLoader is left as it was once the probe stops looking."""
-    iterate = torch.utils.data.DataLoader.__iter__
+    the third step in a row. A full-batch training (one batch by design, also where another loader's first batch
+    is drawn alone at every step), a fresh random batch per step and a held-out batch drawn per step are silent,
+    and DataLoader is left as it was once the probe stops looking."""
+    iterate, draw_next = torch.utils.data.DataLoader.__iter__, torch.utils.data.dataloader._BaseDataLoaderIter.__next__
     run, accuracy = first_batch_loop(tmp_path / "run", draw)
     assert torch.utils.data.DataLoader.__iter__ is iterate
+    assert torch.utils.data.dataloader._BaseDataLoaderIter.__next__ is draw_next
     if draw == "next_iter":
         assert findings(run) == [("repeated_batch", 2, "warning")]
         (verdict,) = [v for v in run.verdicts() if v.rule == "training_relations" and v.fired]

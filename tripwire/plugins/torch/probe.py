@@ -345,13 +345,13 @@ class TripwireProbe:
             return
         if self._forwards is not None and self._in_step is None and torch.is_grad_enabled():
             self._forwards.this_step += 1
+        if self._repeats is not None and args:
+            self._repeats.see_inputs(self.global_step, args[0])
         if self._begun:
             return
         if self._shapes.new_stage(args[0] if args else None):
             self._recorder.new_objective(self.global_step)
         self._begin()
-        if self._repeats is not None and args:
-            self._repeats.see_inputs(self.global_step, args[0])
         if self._sampled and args:
             self._capture.take_inputs(args[0])
 

@@ -449,9 +449,10 @@ class BatchWatch:
     iterable dataset that never moves on) trains the model on that batch alone, and the loss still goes down.
 
     Only where the framework says an epoch holds more than one batch: a full-batch training sees the same batch at
-    every step by design (a plain loop's probe tells the two apart by its loader: tripwire.plugins.torch.loaders). Batches the plugin sees at consecutive steps
-    (the first steps, where such a loader first shows, and consecutive sampled steps) are compared: every tensor
-    of the batch against the last batch's, at a few positions first and in full where those agree. On an
+    every step by design (a plain loop's probe tells the two apart by its loader: tripwire.plugins.torch.loaders).
+    Batches the plugin sees at consecutive steps (the first steps, where such a loader first shows, and
+    consecutive sampled steps) are compared: every tensor of the batch against the last batch's, at a few
+    positions first and in full where those agree. On an
     accelerator the comparison waits for the device, so it is made at sampled steps only, which wait for it
     anyway. The last batch is held by reference, not copied, and only where the plugin will show the next step's;
     a batch written into the last one's memory (a loader that reuses its buffer) is not judged. Two repeats in a

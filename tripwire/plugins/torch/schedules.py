@@ -114,15 +114,17 @@ def wrong_interval(scheduler, per_epoch: bool, epochs: int, steps: int) -> str |
 
 
 class RateWatch:
-    """A learning rate that collapsed early and stayed there: at some step each optimizer's rate (the largest of its
-    groups') is at COLLAPSED of its peak so far or below, and it has stayed there for as many steps as it took to
-    fall there (at least LEAST). A schedule written in epochs and stepped per batch (StepLR, ExponentialLR in the
-    batch loop) does this within the first epochs, and the model trains no further while its loss looks settled. A
-    healthy schedule gets there, if at all, at its end: a decay to 0 at the planned last step, a cosine that rises
-    again, a step decay whose last stage is shorter than the stages before it. A ReduceLROnPlateau lowers the rate
-    because the loss stopped improving: it is not judged. Rates are read from the optimizers' groups at each step
-    (Python numbers only: a tensor rate would wait for its device) at every EVERY-th step, which tells a collapse
-    at most 2 x EVERY steps late; the schedulers are looked for once, when a collapse is told."""
+    """A learning rate that a scheduler stepped per batch took near 0 early, where it stayed: at some step an
+    optimizer's rate (the largest of its groups') is at COLLAPSED of its peak so far or below, and has stayed there
+    for as many steps as it took to fall there (at least LEAST), and a scheduler that holds the optimizer has
+    stepped at every training step. A schedule written in epochs and stepped per batch (StepLR, ExponentialLR in
+    the batch loop) does this within the first epochs, and the model trains no further while its loss looks
+    settled. A healthy schedule gets there, if at all, at its end: a decay to 0 at the planned last step, a cosine
+    that rises again, a step decay whose last stage is shorter than the stages before it. A rate lowered per epoch
+    or by the loop itself (a decay on a plateau, written by hand or a ReduceLROnPlateau) follows the training's
+    progress: it is not judged. Rates are read from the optimizers' groups (Python numbers only: a tensor rate
+    would wait for its device) at every EVERY-th step, which tells a collapse at most 2 x EVERY steps late; the
+    schedulers are looked for once, when a rate has collapsed."""
 
     LEAST = 10
     EVERY = 8
@@ -142,7 +144,7 @@ class RateWatch:
             rate = _largest_rate(optimizer)
             if rate is None:
                 continue
-            if rate > COLLAPSED * self._peaks[i]:
+            if rate > COLLAPSED * self._peaks[i] or not self._peaks[i]:  # no peak yet: a warmup from 0
                 self._peaks[i], self._since[i] = max(self._peaks[i], rate), None
             elif self._since[i] is None:
                 self._since[i] = step
@@ -150,15 +152,17 @@ class RateWatch:
                 collapsed.append((optimizer, rate, self._peaks[i], self._since[i]))
         if not collapsed:
             return None
-        self.told = True
-        schedulers = _schedulers_of([optimizer for optimizer, *_ in collapsed])
-        if any(isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau) for s in schedulers):
+        self.told = True  # looked at once: a rate that stays down is no news at the next step
+        per_batch = [s for s in _schedulers_of([optimizer for optimizer, *_ in collapsed])
+                     if isinstance(getattr(s, "last_epoch", None), int) and s.last_epoch >= step
+                     and not isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)]
+        if not per_batch:
             return None
         said = "; ".join(f"{type(optimizer).__name__}'s learning rate fell from {peak:.3g} to {COLLAPSED:.0%} of it "
                          f"or below at step {since} and is {rate:.3g} at step {step}"
                          for optimizer, rate, peak, since in collapsed)
         return said + "".join(f"; {type(s).__name__} has stepped {s.last_epoch} time(s) in {step + 1} step(s)"
-                              for s in schedulers if isinstance(getattr(s, "last_epoch", None), int))
+                              for s in per_batch)
 
 
 def _largest_rate(optimizer) -> float | None:
