@@ -208,7 +208,7 @@ class TrainingRelations(Rule):
                 "iterator started for it over a DataLoader of several batches and left after its first: a full-batch "
                 "training, from one tensor or a loader of one batch, is not judged; Keras, from digests of the inputs "
                 "of steps 0-2 where they reach the host whole (on the CPU), where an epoch holds more than one step "
-                "and a call runs one); "
+                "and a call runs one, and not of a batch whose samples are all alike); "
                 "`same_eval_data` — an XGBoost eval set logged exactly the metrics of another at every round so far "
                 "(warning); `replicas_differ` — under DDP, after an optimizer step, some rank's parameters (a "
                 "checksum of their bits) differ from rank 0's (error; the probe and Lightning); `skipped_steps` — no "

@@ -3,8 +3,11 @@ index, or a generator that yields one batch again and again, trains the model on
 goes down. Judged at the first steps, which are sampled (the inputs of steps 0-2 are captured for
 training_relations), from digests of the inputs' bytes where they reach the host whole (on the CPU; on an
 accelerator they are reduced there, and this is not judged); only where Keras says an epoch holds more than one
-step, as a full-batch training repeats its one batch by design. A constant batch (a placeholder for a train_step
-that makes its own data) is not judged."""
+step, as a full-batch training repeats its one batch by design. A batch whose samples are all alike (a
+placeholder of zeros for a train_step that makes its own data, a flat stretch of a series, one class's code in
+data sorted by class) may well come again: it is not judged. Not told apart: a full-batch training that repeats a
+dataset of one element over several steps per epoch (`tf.data.Dataset.from_tensors((x, y)).repeat()` with
+`steps_per_epoch`), which Keras reports as an epoch of several batches."""
 
 from __future__ import annotations
 

@@ -453,9 +453,10 @@ class StepCapture:
         else:
             self.values[name] = reduce_numpy(array, plan.reductions, self._kinds.get(name, ""),
                                              self._channels.get(name, -1))
-            # whole on the host: whether the next batch is the same one (InputRepeats); not a constant one, the
-            # placeholder of a train_step that makes its own data (a physics-informed network's points)
-            if plan.name == "inputs" and array.size and not np.all(array == array.reshape(-1)[0]):
+            # whole on the host: whether the next batch is the same one (InputRepeats); not one whose samples are
+            # all alike, which data may well repeat (a placeholder of zeros for a train_step that makes its own, a
+            # flat stretch of a series, one class's code in data sorted by class)
+            if plan.name == "inputs" and array.ndim and len(array) > 1 and not np.all(array == array[:1]):
                 self.fingerprints[name] = hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8),
                                                           digest_size=16).digest()
             if plan.save_tensors and (self.budget is None or self.budget.take(name, array.nbytes)):
