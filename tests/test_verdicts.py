@@ -411,6 +411,24 @@ def test_zero_gradients_of_a_model_that_fits_its_data_exactly_are_convergence(lo
     assert [bool(f) for f in found] == [fires, fires]
 
 
+@pytest.mark.parametrize("later_rate, fires", [(1e-2, True), (1e-8, False)])
+def test_steps_too_small_at_the_end_of_a_schedule_are_no_fault(later_rate, fires):
+    """A ReduceLROnPlateau without min_lr cuts Adam's 1e-2 to 1e-8 over a long run after the model has learned
+    (a healthy program in the helper's hunt): its updates are 1e-9 of the weights, as the schedule means them to
+    be. Below a thousandth of the largest rate so far, weight_update_ratio does not call them too small, as
+    unchanged_tensor does not call the weights unchanged; at the rate it started with, the same steps are a
+    fault."""
+    from tripwire.core.rules.weights import WeightUpdateRatio
+
+    history, ratio = History(8), WeightUpdateRatio()
+    for step in range(3):
+        history.add(0, "train", step, {"losses/train": {"value": 1.0 if step == 0 else 0.5},
+                                      "optimizer/lr": {"value": 1e-2 if step == 0 else later_rate},
+                                      "updates/w": {"l2": 1e-3 if step == 0 else 1e-9}, "weights/w": {"l2": 1.0}})
+        found = ratio.check(history.at(step, "train", 0), step)
+    assert bool(found) == fires
+
+
 def recommender_fit(out, steps=1000):
     """keras.io's collaborative-filtering recipe in a plain loop: user and movie embeddings (50, He-normal) and
     biases, sigmoid(the embeddings' dot product + biases) under binary cross-entropy against ratings of 0.5-5

@@ -181,6 +181,19 @@ def held(run, name: str, reduction: str, count: int, step: int, condition) -> in
     return None
 
 
+SCHEDULE_END = 1e-3  # a learning rate below this share of the largest so far: a schedule brought it to about 0
+
+
+def schedule_ended(rate: float | None, peaks: dict, worker) -> bool:
+    """Whether a learning rate is below SCHEDULE_END of the largest the worker has had so far, kept in `peaks`: the
+    end of a schedule (a decay run its course, a plateau cut again and again), where the weights are meant to stop
+    moving."""
+    if rate is None:
+        return False
+    peaks[worker] = max(peaks.get(worker, 0.0), rate)
+    return rate < SCHEDULE_END * peaks[worker]
+
+
 def learning_rates(run, step: int) -> list[float] | None:
     """The learning rates recorded at this step (`optimizer/lr`, `optimizer/lr.1`, … one per parameter group),
     or None where the run holds none."""

@@ -10,7 +10,7 @@ import numpy as np
 from ..model import KERNEL_ROLES
 from ..naming import collection_of
 from ..ranges import Range
-from .base import Requirement, Rule, of_roles
+from .base import Requirement, Rule, of_roles, schedule_ended
 
 
 # Optimizers that end a step without an update once their own tolerance is met (torch's L-BFGS: the gradient below
@@ -96,16 +96,16 @@ class UnchangedTensor(Rule):
         # a kernel left out of the optimizer is captured (it has a gradient) and judged: it is what (a) is for
         names = list(of_roles(run, dict.fromkeys(names), (*KERNEL_ROLES, "embedding"), trainable_only=False))
         rate = self._rate(run, step)
+        ended = schedule_ended(rate, self._top_rate, run.default_worker)  # the largest rate kept at every sample
         same = {n: self._same(run.tensor(n), step) for n in names}
         unchanged = [n for n, s in same.items() if s]
         moved = self._moved.setdefault(run.default_worker, set())
         moved.update(n for n, s in same.items() if s is False)
         if not unchanged:
             return None
-        top = self._top_rate.get(run.default_worker)
-        if rate is not None and top and rate < 1e-3 * top:
+        if ended:
             return None  # the schedule brought the learning rate down to about 0: the end of training
-        never = rate is not None and not top
+        never = rate is not None and not self._top_rate.get(run.default_worker)
         training = [n for n in names if n not in unchanged]
         optimizers = run.model.optimizers if run.model is not None else ()
         if optimizers and set(optimizers) <= CONVERGING and moved.issuperset(unchanged):
@@ -124,15 +124,12 @@ class UnchangedTensor(Rule):
                          still_training=training)
 
     def _rate(self, run, step: int) -> float | None:
-        """The first parameter group's learning rate at this step (None where the run holds none); keeps the largest
-        seen so far."""
+        """The first parameter group's learning rate at this step (None where the run holds none)."""
         if "optimizer/lr" not in run.tensor_names("optimizer"):
             return None
         steps, values = run.tensor("optimizer/lr").tail(None, 1)
         if not steps or steps[-1] != step:
             return None
-        top = self._top_rate.get(run.default_worker, 0.0)
-        self._top_rate[run.default_worker] = max(top, values[-1])
         return values[-1]
 
     def _same(self, tensor, step) -> bool | None:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ..ranges import COUNT, POSITIVE, SHARE, Range
 from ..model import KERNEL_ROLES
-from .base import FIRST_LABELS, Requirement, Rule, few_samples, learning_rates, loss_fell_below, of_roles, values_at
+from .base import (FIRST_LABELS, Requirement, Rule, few_samples, learning_rates, loss_fell_below, of_roles,
+                   schedule_ended, values_at)
 from .optimizer import searching
 
 
@@ -110,7 +111,9 @@ class WeightUpdateRatio(Rule):
                  "is above `large_threshold` or below `small_threshold` at each of its last `patience` samples. "
                  "Undefined, so not judged, where ‖weight‖ is 0 (a zero-initialised layer) or the step's learning "
                  "rate is 0 (the start of a warmup); not too small once the training loss is below `fitted` times "
-                 "its first value (a model that fits its data exactly has nothing left to learn), nor at exactly 0 "
+                 "its first value (a model that fits its data exactly has nothing left to learn), nor once the "
+                 "learning rate is below 1/1000 of its largest so far (the end of a schedule, a plateau cut again "
+                 "and again: the weights are meant to stop moving), nor at exactly 0 "
                  "where batches hold fewer than 16 samples (one sample of zeros gives the first layer no gradient, "
                  "and a step without momentum no update); a parameter no "
                  "optimizer stepped has no update; not judged for "
@@ -125,6 +128,7 @@ class WeightUpdateRatio(Rule):
 
     def __post_init__(self):
         self._first_loss: dict = {}  # worker -> the first training loss seen
+        self._peak_rate: dict = {}  # worker -> the largest learning rate seen
 
     def requires(self):
         return [Requirement("updates", ("l2",)), Requirement("weights", ("l2",)),
@@ -134,7 +138,8 @@ class WeightUpdateRatio(Rule):
         rates = learning_rates(run, step)
         if (rates is not None and not any(rates)) or searching(run):
             return None
-        fitted = loss_fell_below(run, step, self._first_loss, self.fitted)
+        fitted = loss_fell_below(run, step, self._first_loss, self.fitted) or \
+            schedule_ended(max(rates) if rates else None, self._peak_rate, run.default_worker)
         zero_explained = few_samples(run)  # a batch of a few samples may give no gradient, so no update
         updates = of_roles(run, values_at(run, step, "l2", ["updates"]), KERNEL_ROLES)
         found = []
