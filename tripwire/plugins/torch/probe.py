@@ -196,28 +196,19 @@ class TripwireProbe:
             found = self._losses.see(step, loss)
             origin = self._origin_of(step, found is not None)
             decision = self._recorder.check_loss(*found, origin=origin) if found is not None else None
-            if self._told is not None:
-                decision, self._told = self._told if decision is None else decision.merge(self._told), None
+            decision, self._told = _merged(decision, self._told), None
             if len(self._losses.kept) >= KEPT_LOSSES:
                 self._losses.store(self._recorder)
             if trained and not self.model.training and not self._eval_mode_said:
                 decision = self._eval_mode(step, decision)
-            if self._skipped == SKIPPED_STEPS and overflowed(self.optimizers):  # told at the step it is broken
-                said = self._recorder.check_relation(step, "skipped_steps", self._skipped)
-                if said is not None:
-                    decision = said if decision is None else decision.merge(said)
             if forwards is not None:
-                said = self._recorder.fact(step, FORWARDS, forwards)
-                decision = said if decision is None else decision.merge(said)
-            said = self._recorder.check_relation(step, "gradients_discarded", discarded) if discarded else None
-            if said is not None:
-                decision = said if decision is None else decision.merge(said)
-            said = self._recorder.check_relation(step, "repeated_batch", repeats) if repeats else None
-            if said is not None:
-                decision = said if decision is None else decision.merge(said)
-            said = self._recorder.check_relation(step, "rate_collapsed", 1) if collapsed else None
-            if said is not None:
-                decision = said if decision is None else decision.merge(said)
+                decision = _merged(decision, self._recorder.fact(step, FORWARDS, forwards))
+            # relations broken at this step, told at once
+            skipped = self._skipped == SKIPPED_STEPS and overflowed(self.optimizers) and self._skipped
+            for relation, count in (("skipped_steps", skipped), ("gradients_discarded", discarded),
+                                    ("repeated_batch", repeats), ("rate_collapsed", 1 if collapsed else 0)):
+                if count:
+                    decision = _merged(decision, self._recorder.check_relation(step, relation, count))
             if decision is not None:
                 self._act(decision.merge(self._recorder.poll()))
             return
@@ -425,9 +416,7 @@ class TripwireProbe:
         broke_at = self._updates.after(optimizer, self.global_step) \
             if self._updates is not None and not self._sampled else None
         if broke_at is not None:
-            told = self._recorder.check_relation(broke_at, "step_changed_nothing", 1)
-            if told is not None:
-                self._told = told if self._told is None else self._told.merge(told)
+            self._told = _merged(self._told, self._recorder.check_relation(broke_at, "step_changed_nothing", 1))
 
     def _begin(self) -> None:
         self._begun = True
@@ -489,10 +478,7 @@ class TripwireProbe:
         if not modules:
             return decision
         self._eval_mode_said = True
-        said = self._recorder.check_relation(step, "eval_mode", modules)
-        if said is None:
-            return decision
-        return said if decision is None else decision.merge(said)
+        return _merged(decision, self._recorder.check_relation(step, "eval_mode", modules))
 
     def _act(self, decision, sampled: bool = False) -> None:
         """Checkpoint, stop, raise. Under DDP a decision is held until a sampled step (`sampled`), where every
@@ -500,7 +486,7 @@ class TripwireProbe:
         state, is written by the ranks that asked for it."""
         rank = None
         if self._replicas is not None:
-            self._held = decision if self._held is None else self._held.merge(decision)
+            self._held = _merged(self._held, decision)
             if not sampled:
                 return
             decision, self._held = self._held, None
@@ -530,6 +516,13 @@ class TripwireProbe:
         except Exception as exc:  # noqa: BLE001 - a failed checkpoint must not take training down
             log.warning("tripwire: could not make the checkpoint of step %s: %s: %s", verdict.step,
                         type(exc).__name__, exc)
+
+
+def _merged(decision, said):
+    """Two decisions as one, either of which may be None."""
+    if decision is None or said is None:
+        return said if decision is None else decision
+    return decision.merge(said)
 
 
 def _several_processes() -> bool:
