@@ -482,3 +482,85 @@ def test_a_call_action_that_raises_is_logged_and_training_goes_on(tmp_path, capl
     assert trainer.global_step == 43 and callback.verdicts  # the rule fired, its action failed, training went on
     assert "action call json:loads failed for rule exploding_tensor: TypeError" in caplog.text
     assert tripwire.open_run(callback.run_url).info["status"] == "finished"
+
+
+EXITS = {  # a training that ends the process without its plugin's end hook, and the state its run closes in
+    "keras_fit_raises": ("""
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import keras, numpy as np
+from tripwire.plugins.keras import TripwireCallback
+
+class Fails(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 30:
+            raise RuntimeError("the user's callback fails")
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+model.compile("adam", "mse")
+x = np.random.default_rng(0).normal(size=(640, 4)).astype("float32")
+cb = TripwireCallback(CONFIG, out_dir=OUT)
+{fit}
+""", "failed"),
+    "xgboost_train_raises": ("""
+import numpy as np, xgboost as xgb
+from tripwire.plugins.xgboost import TripwireCallback
+
+class Fails(xgb.callback.TrainingCallback):
+    def after_iteration(self, model, epoch, evals_log):
+        if epoch == 30:
+            raise RuntimeError("the user's callback fails")
+        return False
+
+x = np.random.default_rng(0).normal(size=(200, 4))
+train = xgb.DMatrix(x, label=x[:, 0] > 0)
+xgb.train({{"objective": "binary:logistic"}}, train, 100, evals=[(train, "train")], verbose_eval=False,
+          callbacks=[TripwireCallback(CONFIG, out_dir=OUT), Fails()])
+""", "failed"),
+    "probe_never_closed": ("""
+import torch
+from tripwire.plugins.torch import TripwireProbe
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+probe = TripwireProbe(model, optimizer, config=CONFIG, out_dir=OUT)
+x = torch.randn(64, 4)
+for step in range({steps}):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
+    loss.backward()
+    optimizer.step()
+    probe.step(loss)
+{after}
+""", None),
+}
+
+
+@pytest.mark.parametrize("case,last,state", [
+    ("keras_fit_raises", 30, "failed"), ("keras_fit_raises_caught", 30, "failed"),
+    ("xgboost_train_raises", 30, "failed"), ("probe_never_closed", 39, "finished"), ("probe_loop_raises", 30, "failed")])
+def test_a_training_that_ends_the_process_without_closing_its_run_loses_nothing(tmp_path, case, last, state):
+    """The writer thread is a daemon: what it held since its last flush died with the process where the training
+    raised past a framework that runs no hook after an exception (Keras' fit, xgb.train) or a probe was never
+    closed; with `flush_every_s` at a minute, that was every step. Now the run is closed at the interpreter's
+    exit: every step up to the last reads back, and the state says how the training ended."""
+    script = EXITS[case.replace("_caught", "").replace("probe_loop_raises", "probe_never_closed")][0]
+    script = script.format(fit="try:\n    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[cb, "
+                               "Fails()])\nexcept RuntimeError:\n    pass" if case.endswith("caught") else
+                           "model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[cb, Fails()])",
+                           steps=31 if case == "probe_loop_raises" else 40,
+                           after='raise RuntimeError("the loop fails")' if case == "probe_loop_raises" else "")
+    config = {"sampling": {"every": 1}, "writer": {"flush_every_s": 60}, "collections": {"losses": {}}, "rules": []}
+    prelude = f"CONFIG, OUT = {config!r}, {str(tmp_path / 'run')!r}\n"
+    (tmp_path / "train.py").write_text(prelude + script)
+    env = {**os.environ, "KERAS_HOME": str(tmp_path / "keras"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert (done.returncode != 0) == (case in ("keras_fit_raises", "xgboost_train_raises", "probe_loop_raises")), \
+        done.stderr[-3000:]
+    assert "was still open as Python exited; closed as " + state in done.stderr
+    run = tripwire.open_run(tmp_path / "run")
+    assert run.info["status"] == state
+    assert run.steps() == list(range(last + 1))

@@ -9,9 +9,11 @@ the actions it can run itself, and hands back a `Decision` for the rest.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import math
+import sys
 import threading
 import time
 
@@ -34,6 +36,31 @@ from .writer import Writer
 log = logging.getLogger("tripwire")
 OPEN_WAIT_S = 3.0  # how long starting waits for the run to open before training goes on without waiting
 MAX_RUNS_BESIDE = 10_000  # out_dir-1 … out_dir-N: the runs a fixed out_dir can hold side by side
+# the recorders started and not finished, closed at exit; held here, as a plugin dropped after its training
+# raised (a Keras callback made in the call to fit) leaves its writer holding what it did not flush
+_OPEN: set = set()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every run still open as the interpreter exits, so that nothing it captured is lost: the writer thread
+    is a daemon, and what it holds since its last flush (up to `writer.flush_every_s`, often the steps just before
+    an error) would die with it. A run is still open where its training raised past a framework that runs no hook
+    after an exception (Keras' fit, xgb.train) or a probe was never closed. Closed as `stopped` where a verdict's
+    `raise` ends the process, `failed` where another exception does, else as the plugin says
+    (`Recorder.exit_state`)."""
+    from .errors import RuleFired
+
+    ending = getattr(sys, "last_value", None)  # set by the interpreter for the exception it is exiting on
+    for recorder in list(_OPEN):
+        state = "stopped" if isinstance(ending, RuleFired) else "failed" if ending is not None else \
+            recorder.exit_state
+        log.warning("tripwire: the run at %s was still open as Python exited; closed as %s.", recorder.run_url,
+                    state)
+        try:
+            recorder.finish(state)
+        except Exception as exc:  # noqa: BLE001 - the exit must go on
+            log.warning("tripwire: could not close the run at %s: %s: %s", recorder.run_url, type(exc).__name__, exc)
 
 
 def make_run_url(config: Config, out_dir=None) -> str:
@@ -109,6 +136,10 @@ class Recorder:
         self._streaming = False  # recording what one found
         self._objective_starts: list = []  # the steps from which another objective is trained (new_objective)
         self._stopping = False  # a verdict stopped training: later ones (its last validation) only log
+        # the state a run still open at the interpreter's exit is closed in, unless an exception ends the process
+        # (_close_at_exit): a plugin whose training call returns through its end hook is open there only after an
+        # exception it did not see (Keras' fit, xgb.train)
+        self.exit_state = "failed"
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,6 +147,7 @@ class Recorder:
         that is missing, failing or slow never holds training up for more than OPEN_WAIT_S, nor raises."""
         if self.writer is not None:
             return
+        _OPEN.add(self)
         show_on_console()
         self.store = Store(self.run_url, self.storage_options)
         side = self.config.evaluation.where == "side_process"
@@ -171,6 +203,7 @@ class Recorder:
 
     def finish(self, state: str = "finished") -> None:
         """Final verdicts (no_data), the last shard, the index, the final status; then the report if asked for."""
+        _OPEN.discard(self)
         if self.writer is None:
             return
         if self.engine is not None:

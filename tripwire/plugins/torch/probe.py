@@ -100,6 +100,7 @@ class TripwireProbe:
                                   framework_version=f"torch {torch.__version__}", storage_options=storage_options,
                                   info={"torch_version": torch.__version__}, model=structure, append=append)
         self._recorder.start()
+        self._recorder.exit_state = "finished"  # a probe never closed: its loop ran to the end of the script
         self.run_url = self._recorder.run_url
         self._capture = TorchCapture(model, self._recorder.plan, structure, self._recorder.tensor_budget,
                                      ranks_together=self.config.workers == "all" and _several_processes())
