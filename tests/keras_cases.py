@@ -761,20 +761,26 @@ class Batches(keras.utils.PyDataset):
         return self.x[start:start + self.size], self.y[start:start + self.size]
 
 
-@pytest.mark.parametrize("data", ["healthy", "index_ignored", "full_batch", "alike_samples"])
+@pytest.mark.parametrize("data", ["healthy", "index_ignored", "full_batch", "full_batch_dataset", "alike_samples"])
 def test_a_dataset_that_hands_out_one_batch_again_is_a_warning(tmp_path, data):
     """A PyDataset whose __getitem__ ignores its index trains on one batch: the inputs of steps 0, 1 and 2 are
     the same bytes, told at step 2. Batches that change, a full-batch training (one batch per epoch, the same at
-    every step by design) and data whose first batches hold one sample over and over (a flat stretch at the start
-    of a series: each batch is its samples alike, so equal batches say nothing of the loader) are silent and
-    learn."""
+    every step by design; or a tf.data dataset of the whole set as one element, repeated, four steps an epoch) and
+    data whose first batches hold one sample over and over (a flat stretch at the start of a series: each batch is
+    its samples alike, so equal batches say nothing of the loader) are silent and learn."""
     (xt, yt), (xv, yv) = helpers.digits()
     if data == "alike_samples":
         xt, yt = np.concatenate([np.repeat(xt[:1], 96, axis=0), xt]), np.concatenate([np.repeat(yt[:1], 96), yt])
     model = mlp(optimizer="adam", lr=0.01)
     cb = TripwireCallback({"rules": [{"rule": "training_relations"}]}, out_dir=tmp_path / "run")
-    batches = Batches(xt, yt, ignores_index=data == "index_ignored", batches=1 if data == "full_batch" else None)
-    model.fit(batches, epochs=100 if data == "full_batch" else 5, shuffle=False, verbose=0, callbacks=[cb])
+    if data == "full_batch_dataset":
+        import tensorflow as tf
+
+        model.fit(tf.data.Dataset.from_tensors((xt, yt)).repeat(), steps_per_epoch=4, epochs=25, shuffle=False,
+                  verbose=0, callbacks=[cb])
+    else:
+        batches = Batches(xt, yt, ignores_index=data == "index_ignored", batches=1 if data == "full_batch" else None)
+        model.fit(batches, epochs=100 if data == "full_batch" else 5, shuffle=False, verbose=0, callbacks=[cb])
     found = [(v.finding, v.step, v.severity) for v in tripwire.open_run(cb.run_url).verdicts()
              if v.rule == "training_relations" and v.fired]
     accuracy = float(np.mean(np.argmax(model.predict(xv, verbose=0), axis=1) == yv))
@@ -782,3 +788,77 @@ def test_a_dataset_that_hands_out_one_batch_again_is_a_warning(tmp_path, data):
         assert found == [("repeated_batch", 2, "warning")] and accuracy < 0.8
     else:
         assert found == [] and accuracy > 0.9
+
+
+@pytest.mark.parametrize("weights", ["integer_division", "floats"])
+def test_class_weights_that_leave_classes_out_are_told_at_the_first_step(tmp_path, weights):
+    """Class weights computed as sklearn's "balanced" formula with `//`: every class with more samples than the
+    mean gets weight 0 and is never learned (0 % recall on it), told at step 0 by the default config. The same
+    formula in floats is silent, and the model learns every class."""
+    (xt, yt), (xv, yv) = helpers.digits()
+    counts = np.bincount(yt, minlength=10)
+    divide = (lambda a, b: a // b) if weights == "integer_division" else (lambda a, b: a / b)
+    class_weight = {c: divide(len(yt), 10 * int(counts[c])) for c in range(10)}
+    model = mlp(optimizer="adam", lr=0.01)
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    model.fit(xt, yt, batch_size=32, epochs=5, class_weight=class_weight, verbose=0, callbacks=[cb])
+    predicted = np.argmax(model.predict(xv, verbose=0), axis=1)
+    recalls = [float(np.mean(predicted[yv == c] == c)) for c in range(10)]
+    found = [(v.rule, v.finding, v.step) for v in tripwire.open_run(cb.run_url).verdicts() if v.counts]
+    if weights == "integer_division":
+        zero = [c for c in range(10) if class_weight[c] == 0]
+        assert len(zero) >= 2 and min(recalls[c] for c in zero) < 0.5
+        assert found[0] == ("loss_setup", "classes_weighted_out", 0), found
+        assert ", ".join(map(str, zero)) in tripwire.open_run(cb.run_url).verdicts()[0].message
+    else:
+        assert found == [] and min(recalls) > 0.7
+
+
+@pytest.mark.parametrize("data", ["ordered_by_class", "shuffled"])
+def test_a_validation_split_of_classes_training_never_holds_is_told_at_the_first_step(tmp_path, data):
+    """validation_split takes the last 20 % of the arrays before Keras shuffles: on digits ordered by class, the
+    validation holds only the last classes, which training never sees (0 % validation accuracy), told at step 0
+    by the default config. The same arrays shuffled first are silent, and the model learns."""
+    (xt, yt), _ = helpers.digits()
+    order = np.argsort(yt, kind="stable") if data == "ordered_by_class" else \
+        np.random.default_rng(0).permutation(len(yt))
+    model = mlp(optimizer="adam", lr=0.01)
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    history = model.fit(xt[order], yt[order], batch_size=32, epochs=5, validation_split=0.2, verbose=0,
+                        callbacks=[cb])
+    found = [(v.rule, v.finding, v.step) for v in tripwire.open_run(cb.run_url).verdicts() if v.counts]
+    if data == "ordered_by_class":
+        assert history.history["val_loss"][-1] > 3.0
+        assert found[0] == ("loss_setup", "validation_classes_untrained", 0), found
+    else:
+        assert found == [] and history.history["val_loss"][-1] < 0.3
+
+
+@pytest.mark.parametrize("order", ["permuted", "same"])
+def test_validation_data_whose_columns_come_in_another_order_is_told_at_the_first_step(tmp_path, order):
+    """Raw measurements (breast cancer), normalised by the model's first layer: validation_data whose columns
+    were taken in another order scores the model on features it was not trained on, told at step 0 under the
+    default config; the columns in order are silent, and the model is right on the validation set."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x_train, x_valid, y_train, y_valid = train_test_split(x.astype("float32"), y.astype("float32"), test_size=0.3,
+                                                          random_state=0, stratify=y)
+    fed = x_valid[:, np.random.default_rng(0).permutation(x.shape[1])] if order == "permuted" else x_valid
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    normalise = keras.layers.Normalization()
+    normalise.adapt(x_train)
+    model = keras.Sequential([keras.Input((30,)), normalise, keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    history = model.fit(x_train, y_train, batch_size=32, epochs=10, validation_data=(fed, y_valid), verbose=0,
+                        callbacks=[cb])
+    found = [(v.rule, v.finding, v.step) for v in tripwire.open_run(cb.run_url).verdicts() if v.counts]
+    if order == "permuted":
+        assert history.history["val_accuracy"][-1] < 0.8
+        assert found[0] == ("loss_setup", "columns_swapped", 0), found
+    else:
+        assert found == [] and history.history["val_accuracy"][-1] > 0.9

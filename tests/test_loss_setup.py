@@ -249,3 +249,36 @@ def test_class_scores_viewed_as_rows_from_an_axis_not_last_are_a_warning_at_the_
         assert accuracy < 0.4 and fired == [("classes_reshaped", 0, "warning")]
     else:
         assert accuracy > 0.95 and fired == []
+
+
+@pytest.mark.parametrize("weights", ["integer_division", "floats"])
+def test_class_weights_of_zero_are_told_at_the_first_step(tmp_path, weights):
+    """CrossEntropyLoss(weight=...) from sklearn's "balanced" formula computed with `//`: every class with more
+    samples than the mean weighs 0 and is never learned; told at step 0 under the default config. The float
+    weights are silent, and every class is learned."""
+    (x, y), (xv, yv) = helpers.digits()
+    x, y = torch.tensor(x), torch.tensor(y, dtype=torch.long)
+    counts = torch.bincount(y, minlength=10)
+    weight = len(y) // (10 * counts) if weights == "integer_division" else len(y) / (10 * counts)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    criterion = nn.CrossEntropyLoss(weight=weight.float())
+    with TripwireProbe(model, optimizer, None, out_dir=tmp_path / "run") as probe:
+        for epoch in range(5):
+            for start in range(0, len(y), 32):
+                optimizer.zero_grad()
+                loss = criterion(model(x[start:start + 32]), y[start:start + 32])
+                loss.backward()
+                optimizer.step()
+                probe.step(loss)
+    with torch.no_grad():
+        predicted = model(torch.tensor(xv)).argmax(1).numpy()
+    recalls = [float(np.mean(predicted[yv == c] == c)) for c in range(10)]
+    found = [(v.rule, v.finding, v.step) for v in tripwire.open_run(probe.run_url).verdicts() if v.counts]
+    if weights == "integer_division":
+        zero = torch.nonzero(weight == 0).flatten().tolist()
+        assert len(zero) >= 2 and min(recalls[c] for c in zero) < 0.5
+        assert found[0] == ("loss_setup", "classes_weighted_out", 0), found
+    else:
+        assert found == [] and min(recalls) > 0.7

@@ -534,3 +534,37 @@ def test_a_training_without_an_eval_set_is_told_what_to_pass(tmp_path, caplog):
     model.fit(x, y, eval_set=[(x, y)], verbose=False)
     assert not any("has no eval set" in r.getMessage() for r in caplog.records)
     assert model.evals_result()["validation_0"]["logloss"][-1] < 0.2  # it learns
+
+
+@pytest.mark.parametrize("api", ["train", "sklearn"])
+@pytest.mark.parametrize("order", ["permuted", "same"])
+def test_validation_columns_in_another_order_are_told_at_the_first_round(tmp_path, api, order):
+    """numpy data carries no feature names for XGBoost to check: a validation set whose columns come in another
+    order (a frame built with its columns sorted, another query) is judged on features the trees never split on,
+    and early stopping picks its round on that. Told at round 0 under the default config, naming the columns, by
+    xgb.train and the sklearn estimator alike; the same columns in order are silent, and the model is right on
+    the validation set."""
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x_train, x_valid, y_train, y_valid = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
+    fed = x_valid[:, np.random.default_rng(0).permutation(x.shape[1])] if order == "permuted" else x_valid
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    params = {"objective": "binary:logistic", "max_depth": 3, "eta": 0.1, "nthread": 1}
+    if api == "train":
+        valid = xgb.DMatrix(fed, label=y_valid)
+        booster = xgb.train(params, xgb.DMatrix(x_train, label=y_train), 100, verbose_eval=False, callbacks=[cb],
+                            evals=[(valid, "validation")])
+        accuracy = float(np.mean((booster.predict(valid) > 0.5) == y_valid))
+    else:
+        model = xgb.XGBClassifier(n_estimators=100, max_depth=3, learning_rate=0.1, n_jobs=1, callbacks=[cb])
+        model.fit(x_train, y_train, eval_set=[(fed, y_valid)], verbose=False)
+        accuracy = float(np.mean(model.predict(fed) == y_valid))
+    found = [(v.rule, v.finding, v.step) for v in tripwire.open_run(cb.run_url).verdicts() if v.counts]
+    if order == "permuted":
+        assert accuracy < 0.8
+        assert found[0] == ("loss_setup", "columns_swapped", 0), found
+        verdict = next(v for v in tripwire.open_run(cb.run_url).verdicts() if v.finding == "columns_swapped")
+        assert "validation column 8 is like 23" in verdict.message
+    else:
+        assert found == [] and accuracy > 0.9

@@ -11,6 +11,7 @@ rules judge them in the training process, in `tripwire watch` and offline alike 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -100,6 +101,10 @@ class LossUse:
         from 0); None elsewhere (torch tells).
     reshaped_from: for a categorical loss whose input is a reshape (view) of a tensor of 3 or more axes, that
         tensor's shape (torch tells).
+    zero_weight: the classes the loss weighs 0 (Keras' `class_weight`, the `weight` of torch's cross-entropy),
+        where it weighs any at 0.
+    validation_only: the classes the validation's labels hold and the training's never do, where the plugin saw
+        both whole (Keras: the arrays fit was given, `validation_split`'s part included) and there are any.
     """
 
     loss: str
@@ -116,6 +121,8 @@ class LossUse:
     softmax_axis: int | None = None
     class_axis: int | None = None
     reshaped_from: tuple | None = None
+    zero_weight: tuple | None = None
+    validation_only: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -127,16 +134,20 @@ class FirstStep:
     it, and whether it goes down says nothing about the training (`not_a_fit`).
     producers: {activation: the layer whose output it took}, as the plugin saw the step's forward pass where it
     captured activations there (each call of a module called several times under its own name, naming.call_path):
-    an activation missing took something else (a sum, a layer's output reshaped); None where not seen."""
+    an activation missing took something else (a sum, a layer's output reshaped); None where not seen.
+    column_swaps: (validation column, the training column it is) for the columns of a validation set that are the
+    training's in another order (swapped_columns), where the plugin saw both and found any."""
 
     step: int
     losses: tuple = ()
     objectives: int | None = None
     producers: dict | None = None
+    column_swaps: tuple | None = None
 
     def to_dict(self) -> dict:
         """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
-        known = {"objectives": self.objectives, "producers": self.producers}
+        known = {"objectives": self.objectives, "producers": self.producers,
+                 "column_swaps": [list(pair) for pair in self.column_swaps] if self.column_swaps else None}
         return {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
                                               for u in self.losses],
                 **{key: value for key, value in known.items() if value is not None}}
@@ -149,13 +160,15 @@ class FirstStep:
             for entry in data["losses"]:
                 labels = entry.get("labels")
                 labels = Labels(**{**labels, "shape": tuple(labels["shape"])}) if labels else None
-                shapes = {key: tuple(entry[key]) for key in ("input_shape", "reshaped_from") if entry.get(key)}
+                shapes = {key: tuple(entry[key]) for key in ("input_shape", "reshaped_from", "zero_weight",
+                                                             "validation_only") if entry.get(key)}
                 losses.append(LossUse(**{**entry, "labels": labels, **shapes}))
             objectives, producers = data.get("objectives"), data.get("producers")
             if producers is not None and not all(isinstance(v, str) for v in dict(producers).values()):
                 return None
+            swaps = tuple((int(a), int(b)) for a, b in data["column_swaps"]) if data.get("column_swaps") else None
             return cls(int(data["step"]), tuple(losses), None if objectives is None else int(objectives),
-                       None if producers is None else {str(k): v for k, v in dict(producers).items()})
+                       None if producers is None else {str(k): v for k, v in dict(producers).items()}, swaps)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -187,7 +200,8 @@ def summed_terms(first: FirstStep | None) -> int | None:
 def loss_use(loss: str, output: str | None = None, units: int | None = None, over_one: bool = False,
              labels=None, terms: int | None = None, bootstrapped: bool | None = None,
              input_shape: tuple | None = None, softmax_axis: int | None = None, class_axis: int | None = None,
-             reshaped_from: tuple | None = None, **settings) -> LossUse | None:
+             reshaped_from: tuple | None = None, zero_weight: tuple | None = None,
+             validation_only: tuple | None = None, **settings) -> LossUse | None:
     """A LossUse for a loss of a known name (None for another: its reading is not known); `labels` an array."""
     if loss not in READS:
         return None
@@ -197,7 +211,7 @@ def loss_use(loss: str, output: str | None = None, units: int | None = None, ove
     return LossUse(loss, reads, KINDS[loss], output if output in ACTIVATIONS else None, units, over_one,
                    Labels.of(labels) if labels is not None else None,
                    {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}, terms, bootstrapped,
-                   input_shape, softmax_axis, class_axis, reshaped_from)
+                   input_shape, softmax_axis, class_axis, reshaped_from, zero_weight, validation_only)
 
 
 def task_of(first: FirstStep | None) -> str | None:
@@ -208,3 +222,57 @@ def task_of(first: FirstStep | None) -> str | None:
     if kinds & {"categorical", "binary"}:
         return "classification"
     return kinds.pop() if len(kinds) == 1 and kinds <= {"regression", "ranking"} else None
+
+
+SAME_MEAN = 0.1  # a column's mean within this many of its standard deviations (plus sampling error) of another's
+OTHER_MEAN = 1.5  # ... and further than this from the column of its own index
+SPREAD = 1.3  # their standard deviations within this factor of each other
+COLUMN_ROWS = 2000  # rows of each set compared
+MIN_VALUES = 5  # distinct values a column takes to be judged
+
+
+def swapped_columns(training, validation) -> tuple | None:
+    """The validation set's columns that are the training set's in another order: (validation column, training
+    column) for each column whose mean and spread match another training column's and not its own, where they
+    close into a permutation (3 -> 7 -> 3), which drift of a feature does not. Columns matched by position alone
+    (numpy arrays, a DMatrix built from them) are silently wrong when one set's columns were taken in another
+    order. Numpy arrays of rows by columns, NaN for missing values; None where there are none (or fewer than 30
+    rows, or other data)."""
+    if not (isinstance(training, np.ndarray) and isinstance(validation, np.ndarray)) or \
+            not all(np.issubdtype(a.dtype, np.number) for a in (training, validation)):
+        return None
+    sets = [a[:COLUMN_ROWS].astype(np.float64) for a in (training, validation)]
+    if any(a.ndim != 2 or a.shape[0] < 30 for a in sets) or sets[0].shape[1] != sets[1].shape[1]:
+        return None
+    with np.errstate(all="ignore"):
+        (mean_t, mean_v), (std_t, std_v) = ([np.nanmean(a, axis=0) for a in sets],
+                                            [np.nanstd(a, axis=0) for a in sets])
+        varies = std_t > 0
+        # how far each validation column's mean (rows) lies from each training column's (columns), in the
+        # training column's standard deviations
+        apart = np.abs(mean_v[:, None] - mean_t[None, :]) / np.where(varies, std_t, np.inf)[None, :]
+        alike = (apart < SAME_MEAN + 3 / np.sqrt(sets[1].shape[0])) & \
+            (np.abs(np.log(std_v[:, None] / std_t[None, :])) < np.log(SPREAD))
+    # a yes/no or few-valued column (a one-hot code) is like many others, and its share drifts: not judged
+    varies &= np.array([len(np.unique(column[np.isfinite(column)])) >= MIN_VALUES for column in sets[0].T])
+    alike &= varies[None, :] & varies[:, None]
+    moved = np.flatnonzero(varies & (np.diag(apart) > OTHER_MEAN) & np.any(alike, axis=1))
+    match = {int(i): int(np.flatnonzero(alike[i])[np.argmin(apart[i][alike[i]])]) for i in moved}
+    swaps = []
+    for start in match:  # keep the columns whose matches lead back to them
+        column, seen = match[start], 1
+        while column in match and column != start and seen <= len(match):
+            column, seen = match[column], seen + 1
+        if column == start:
+            swaps.append((start, match[start]))
+    return tuple(swaps) or None
+
+
+def caller_locals(function: str, holding: str) -> dict:
+    """The locals of the nearest caller named `function` that holds a local `holding` ({} where none does): what a
+    framework's training call was given (its data, its arguments), where it hands its callbacks none of it (Keras'
+    fit, xgb.train). Read once, as training begins; not to be kept, as they hold the training data."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == function and holding in frame.f_locals):
+        frame = frame.f_back
+    return frame.f_locals if frame is not None else {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..firststep import RANGES
+from ..firststep import OTHER_MEAN, RANGES
 from .base import FIRST_LABELS, NotApplicable, Rule
 
 MIN_BATCH = 32  # a first batch of this many labels, all of one class among three or more, is no chance
@@ -45,7 +45,14 @@ class LossSetup(Rule):
                  "32 or more labels all of one class among three or more (data ordered by class, not shuffled; not "
                  "where another call of the loss in the step saw another class: a sequence's loss per time step), "
                  "or 32 or more one-hot rows of three or more classes under a binary loss (info: single-label "
-                 "classes learned as separate yes/no questions, which trains, with an accuracy that reads high)")
+                 "classes learned as separate yes/no questions, which trains, with an accuracy that reads high); "
+                 "a class weight of 0 for two or more classes (never learned; Keras' class_weight, torch's "
+                 "CrossEntropyLoss(weight=...)); validation "
+                 "labels of classes the training labels never hold (validation_split on data ordered by class; "
+                 "Keras, from the arrays fit was given); validation columns that are the training's in another "
+                 "order: two or more columns of 5 or more values whose mean lies more than 1.5 standard "
+                 "deviations from the training column of their index and within sampling error of another's, with "
+                 "a spread within 1.3x of it, closing into a permutation (Keras' and XGBoost's numpy data)")
     hint = ("The output layer, the loss and the labels must agree on what the output is: logits for "
             "CrossEntropyLoss / BCEWithLogitsLoss / from_logits=True, probabilities for BCELoss / from_logits=False, "
             "log-probabilities for NLLLoss; a bounded activation only for targets within its range; class ids for a "
@@ -80,6 +87,17 @@ class LossSetup(Rule):
                 found.append(self.fire(step, f"{_name(use)}: {message}", severity=severity, finding=finding,
                                        onset=first.step, loss=use.loss, output=use.output, units=use.units,
                                        settings=use.settings))
+        if first.column_swaps:
+            pairs = ", ".join(f"{v} is like {t}" for v, t in first.column_swaps[:8])
+            found.append(self.fire(step, f"the validation data's columns are the training data's in another order: "
+                                   f"{len(first.column_swaps)} validation columns differ from the training column "
+                                   f"of their index by more than {OTHER_MEAN:g} standard deviations and match "
+                                   f"another's mean and spread (validation column {pairs}"
+                                   f"{', …' if len(first.column_swaps) > 8 else ''}): the model is judged on "
+                                   "features it was not trained on. Build both sets with one column order (select "
+                                   "the columns by name; pandas frames carry names XGBoost checks).",
+                                   severity="warning", finding="columns_swapped", onset=first.step,
+                                   columns=[list(pair) for pair in first.column_swaps]))
         return found or None
 
 
@@ -196,6 +214,8 @@ def _problems(use):
                         "and cross-entropy (for XGBoost, multi:softprob with num_class)."))
     if use.kind == "categorical" and labels is not None:
         out += _class_labels(use, labels)
+    if use.kind in ("categorical", "binary"):
+        out += _classes_given(use)
     if use.kind == "binary" and labels is not None and labels.one_hot and labels.shape[-1] >= 3 and \
             labels.shape[0] >= MIN_BATCH:
         out.append(("one_label_per_row", "info", f"every one of the first batch's {labels.shape[0]} label rows "
@@ -213,6 +233,28 @@ def _problems(use):
                     f"{labels.min:.4g} to {labels.max:.4g}): no sample is of the positive class. Labels scaled like "
                     "inputs (divided by 255?): give 0 and 1."))
     return out
+
+
+def _classes_given(use):
+    """What the training was given of the classes: weights that leave classes out, a validation of others."""
+    out = []
+    if use.zero_weight and len(use.zero_weight) >= 2:  # one class weighed 0 can be a padding class
+        out.append(("classes_weighted_out", "warning", f"the class weights weigh {len(use.zero_weight)} classes "
+                    f"at 0 ({_listed(use.zero_weight)}): their samples add nothing to the loss, and the model never "
+                    "learns them. Weights computed by integer division (total // (classes * count))? Compute them "
+                    "as floats (sklearn's compute_class_weight), and check that every class's weight is above 0."))
+    if use.validation_only:
+        out.append(("validation_classes_untrained", "warning", f"the validation labels hold "
+                    f"{len(use.validation_only)} class(es) that the training labels never do "
+                    f"({_listed(use.validation_only)}): the model cannot learn them, and the validation measures "
+                    "what training never sees. validation_split takes the last part of the arrays, before any "
+                    "shuffling: on data ordered by class, shuffle the arrays before fit (or pass validation_data "
+                    "drawn from every class)."))
+    return out
+
+
+def _listed(classes) -> str:
+    return ", ".join(str(c) for c in classes[:12]) + (", …" if len(classes) > 12 else "")
 
 
 def _class_ids(labels) -> bool:

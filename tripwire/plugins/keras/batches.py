@@ -5,9 +5,9 @@ training_relations), from digests of the inputs' bytes where they reach the host
 accelerator they are reduced there, and this is not judged); only where Keras says an epoch holds more than one
 step, as a full-batch training repeats its one batch by design. A batch whose samples are all alike (a
 placeholder of zeros for a train_step that makes its own data, a flat stretch of a series, one class's code in
-data sorted by class) may well come again: it is not judged. Not told apart: a full-batch training that repeats a
-dataset of one element over several steps per epoch (`tf.data.Dataset.from_tensors((x, y)).repeat()` with
-`steps_per_epoch`), which Keras reports as an epoch of several batches."""
+data sorted by class) may well come again: it is not judged. Nor is a tf.data dataset that repeats a dataset of
+one element (`Dataset.from_tensors((x, y)).repeat()` with `steps_per_epoch`, a full-batch training; or one batch
+taken and repeated, to overfit it on purpose), which Keras reports as an epoch of several batches."""
 
 from __future__ import annotations
 
@@ -35,3 +35,15 @@ class InputRepeats:
         self._repeats = self._repeats + 1 if digests == last[1] else 0
         self.told = self._repeats >= IN_A_ROW
         return IN_A_ROW + 1 if self.told else 0
+
+
+def repeats_by_design(adapter) -> bool:
+    """Whether the fit's data (its Keras data adapter, fitargs) is a tf.data dataset that repeats a dataset of one
+    element."""
+    datasets = [getattr(adapter, "_dataset", None)]
+    while datasets:  # the pipeline, from its last step back to its sources (tf.data's `_inputs()`)
+        dataset = datasets.pop()
+        if type(dataset).__name__ == "_RepeatDataset" and int(dataset._input_dataset.cardinality()) == 1:
+            return True
+        datasets.extend(getattr(dataset, "_inputs", list)())
+    return False

@@ -25,13 +25,15 @@ import keras
 import numpy as np
 
 from tripwire.core.config import load_config
+from tripwire.core.firststep import swapped_columns
 from tripwire.core.naming import COLLECTIONS
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.rules.relations import SKIPPED_STEPS
 from tripwire.core.reductions import reduce as reduce_numpy
 from tripwire.core.sinks import EventFileSink, siblings
 
-from .batches import InputRepeats
+from .batches import InputRepeats, repeats_by_design
+from .fitargs import classes_only_in, fit_locals, zero_weighted
 from .capture import StepCapture, on_accelerator
 from .firststep import first_step
 from .hooks import hook_model
@@ -84,6 +86,7 @@ class TripwireCallback(keras.callbacks.Callback):
         self._told_apart: set = set()  # the variables trained apart from their flag already told (Keras warns once)
         self._predicted: Predicted | None = None
         self._alive = None  # Recorder.alive where a rule judges the time since the last step
+        self._given: dict = {}  # of the fit that began last: fitargs' facts, for the first step's record
         self._looked = False  # the run holds what the first sampled step trained with
         self._log_loss = False  # the config captures the loss Keras logs (`metrics/loss`) at every step
         self._step_losses: StepLosses | None = None  # each step's own loss, stored where the config keeps losses
@@ -102,9 +105,16 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.close()
         structure = describe(model)
         apart = trained_apart(model)
+        given = fit_locals()
+        # what the first step records of what fit was given (tripwire.core.firststep)
+        self._given = {"zero_weight": zero_weighted(given.get("class_weight")),
+                       "validation_only": classes_only_in(given.get("val_y"), given.get("y")),
+                       "column_swaps": swapped_columns(given.get("x"), given.get("val_x"))}
         # one batch per call, more than one per epoch, inputs read on the host: else a repeat is not told
         repeats = int(getattr(model, "steps_per_execution", 1) or 1) == 1 and (self.params.get("steps") or 0) > 1 \
-            and not on_accelerator(model)
+            and not on_accelerator(model) and not repeats_by_design(getattr(given.get("epoch_iterator"),
+                                                                            "data_adapter", None))
+        del given
         self._open(model, structure, relations=any(apart) or repeats)
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
@@ -216,7 +226,7 @@ class TripwireCallback(keras.callbacks.Callback):
         own = self._keep_loss(step, batch, logs, taken="losses/train" in values or "losses" in plans)
         if not self._looked:  # the first sampled step: the loss, the output layer and the labels it trains with
             self._looked = True
-            self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels")))
+            self._recorder.first_step(first_step(self._fit_model, step, tensors.get("labels"), **self._given))
         for key, value in (logs or {}).items():
             if key == "loss" and "losses" in plans and "losses/train" not in values and np.ndim(value) == 0:
                 why = "the train step did not hand its loss to model.optimizer.scale_loss()" if \

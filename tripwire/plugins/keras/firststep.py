@@ -21,9 +21,11 @@ _SPELLINGS = {"sparsecategoricalcrossentropy": "sparse_categorical_crossentropy"
               "meanabsoluteerror": "mean_absolute_error", "mae": "mean_absolute_error", "huber_loss": "huber"}
 
 
-def first_step(model, step: int, labels=None) -> FirstStep:
+def first_step(model, step: int, labels=None, zero_weight: tuple | None = None,
+               validation_only: tuple | None = None, column_swaps: tuple | None = None) -> FirstStep:
     """The model's loss as its first step uses it; no loss where the model has several outputs or a loss Keras does
-    not name (a custom function, a train_step of its own)."""
+    not name (a custom function, a train_step of its own). zero_weight, validation_only, column_swaps: what fit
+    was given (fitargs; LossUse, FirstStep)."""
     loss = getattr(model, "loss", None)
     if isinstance(loss, (list, tuple)) and len(loss) == 1:
         loss = loss[0]
@@ -31,13 +33,14 @@ def first_step(model, step: int, labels=None) -> FirstStep:
         loss = next(iter(loss.values()))
     name, settings = _name_and_settings(loss)
     if name not in LOSSES or len(getattr(model, "outputs", None) or [None]) != 1:
-        return FirstStep(step, ())
+        return FirstStep(step, (), column_swaps=column_swaps)
     canonical, targets = LOSSES[name]
     output, units = _output(model)
     use = loss_use(canonical, output, units, output == "softmax" and units == 1, labels,
                    _summed_terms(labels) if settings.get("reduction") == "sum" else None,
+                   zero_weight=zero_weight, validation_only=validation_only,
                    **settings, **({"targets": targets} if targets else {}))
-    return FirstStep(step, (use,) if use is not None else ())
+    return FirstStep(step, (use,) if use is not None else (), column_swaps=column_swaps)
 
 
 def _name_and_settings(loss) -> tuple[str | None, dict]:

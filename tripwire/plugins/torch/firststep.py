@@ -165,6 +165,9 @@ class LossSpy(TorchFunctionMode):
         reshaped = self._reshaped.get(id(prediction))
         if reshaped is not None and reshaped[0]() is prediction and name in CLASS_DIM:
             axes["reshaped_from"] = reshaped[1]
+        weight = kwargs.get("weight")  # a categorical loss's weight per class (a binary loss's is per element)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 1 and name in CLASS_DIM:
+            axes["zero_weight"] = tuple(torch.nonzero(weight == 0).flatten().tolist()) or None
         use = loss_use(name, made[0] if made else None, units, bool(made and made[1]), labels, terms,
                        bootstrapped=_bootstrapped(target, self._is_from_model(target)),
                        input_shape=tuple(int(d) for d in prediction.shape), **axes, **settings)

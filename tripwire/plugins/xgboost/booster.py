@@ -120,10 +120,11 @@ OBJECTIVES = {"reg": "regression", "count": "regression", "survival": "regressio
               "multi": "multiclass", "rank": "ranking"}
 
 
-def first_step(config: dict, step: int, labels=None) -> FirstStep:
-    """The booster's objective as the loss of its first round, with the labels of the eval data where given."""
+def first_step(config: dict, step: int, labels=None, column_swaps: tuple | None = None) -> FirstStep:
+    """The booster's objective as the loss of its first round, with the labels of the eval data where given, and
+    the eval set's columns that are the training set's in another order (FirstStep.column_swaps)."""
     objective = config["learner"]["objective"]["name"]
     loss = "binary" if objective == "reg:logistic" else OBJECTIVES.get(objective.split(":")[0])
     classes = int(config["learner"]["learner_model_param"].get("num_class", 0) or 0)
     use = loss_use(loss, units=classes or None, labels=labels, objective=objective) if loss else None
-    return FirstStep(step, (use,) if use is not None else ())
+    return FirstStep(step, (use,) if use is not None else (), column_swaps=column_swaps)

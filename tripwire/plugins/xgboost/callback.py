@@ -29,6 +29,7 @@ import xgboost as xgb
 from xgboost import collective
 
 from tripwire.core.config import load_config
+from tripwire.core.firststep import COLUMN_ROWS, caller_locals, swapped_columns
 from tripwire.core.naming import VALUE
 from tripwire.core.recorder import Recorder, make_run_url, prepare_storage
 from tripwire.core.reductions import reduce
@@ -110,6 +111,7 @@ class TripwireCallback(xgb.callback.TrainingCallback):
         self._state, self._unreadable = "finished", set()
         self._rounds_before = model.num_boosted_rounds()
         self._offset: int | None = None  # rounds before this training's first, once it ran (_round)
+        self._column_swaps = _column_swaps()  # recorded with the first round
         if self._rank == 0:  # worker 0 makes the run (beside the URL where a run is there): every rank writes there
             url = self._start(model, config, url, self.append)
         self.run_url = collective.broadcast(url, 0) if self._world > 1 else url
@@ -143,7 +145,8 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             adds = model.num_boosted_rounds() > self._rounds_before
             self._offset = self._rounds_before if adds else 0
             if self._recorder is not None:
-                self._recorder.first_step(first_step(booster_config(model), self._offset, self._eval_labels()))
+                self._recorder.first_step(first_step(booster_config(model), self._offset, self._eval_labels(),
+                                                     self._column_swaps))
         return self._offset + epoch
 
     def _eval_labels(self):
@@ -298,6 +301,43 @@ class TripwireCallback(xgb.callback.TrainingCallback):
             self._finish("stopped")
             decision.raise_if_asked()
         return stop
+
+
+def _column_swaps() -> tuple | None:
+    """The columns of the first eval set that are the training set's in another order (numpy data has no feature
+    names for XGBoost to check), read from the call that trains: an sklearn estimator's fit (its arrays `X` and
+    `eval_set`, as given), else xgb.train (`dtrain` and `evals`, read back); None where there are none or the data
+    cannot be read (a large QuantileDMatrix, data on a GPU)."""
+    fit = caller_locals("fit", "eval_set")
+    if fit:
+        pairs = [(fit.get("X"), data[0]) for data in fit.get("eval_set") or () if data[0] is not fit.get("X")]
+    else:
+        given = caller_locals("train", "dtrain")
+        train = given.get("dtrain")
+        pairs = [(_rows(train), _rows(matrix)) for matrix, _ in given.get("evals") or () if matrix is not train]
+    for training, validation in pairs:
+        swaps = swapped_columns(training, validation)
+        if swaps:
+            return swaps
+    return None
+
+
+def _rows(matrix) -> np.ndarray | None:
+    """The first COLUMN_ROWS rows of a DMatrix, dense, NaN where a value is missing; None where it cannot say (a
+    QuantileDMatrix, which cannot be sliced, is read whole only where it is small)."""
+    try:
+        if isinstance(matrix, xgb.QuantileDMatrix):
+            data = matrix.get_data() if matrix.num_row() <= 10 * COLUMN_ROWS else None
+        else:
+            data = matrix.slice(np.arange(min(matrix.num_row(), COLUMN_ROWS))).get_data()
+    except Exception:  # noqa: BLE001 - a matrix that does not give its data back is not judged
+        return None
+    if data is None:
+        return None
+    data = data[:COLUMN_ROWS].tocoo()
+    dense = np.full(data.shape, np.nan)
+    dense[data.row, data.col] = data.data
+    return dense
 
 
 def _host(array) -> np.ndarray:
