@@ -564,3 +564,34 @@ def test_a_training_that_ends_the_process_without_closing_its_run_loses_nothing(
     run = tripwire.open_run(tmp_path / "run")
     assert run.info["status"] == state
     assert run.steps() == list(range(last + 1))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_that_exits_does_not_close_its_parents_run(tmp_path):
+    """A child forked during training (a user's worker that exits through sys.exit, so Python runs its exit
+    hooks) holds a copy of the parent's open recorder, whose writer thread did not follow it into the child: only
+    the process that started a run closes it at exit. The parent goes on writing, and closes it itself."""
+    script = f"""
+import os, sys, torch
+from tripwire.plugins.torch import TripwireProbe
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+config = {{"sampling": {{"every": 1}}, "collections": {{"losses": {{}}}}, "rules": []}}
+probe = TripwireProbe(model, optimizer, config, out_dir={str(tmp_path / 'run')!r})
+for step in range(10):
+    if step == 5 and os.fork() == 0:
+        sys.exit(0)
+    optimizer.zero_grad()
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    probe.step(loss)
+probe.close()
+"""
+    (tmp_path / "train.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "still open as Python exited" not in done.stderr
+    run = tripwire.open_run(tmp_path / "run")
+    assert run.info["status"] == "finished" and run.steps() == list(range(10))

@@ -13,6 +13,7 @@ import atexit
 import dataclasses
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -52,7 +53,7 @@ def _close_at_exit() -> None:
     from .errors import RuleFired
 
     ending = getattr(sys, "last_value", None)  # set by the interpreter for the exception it is exiting on
-    for recorder in list(_OPEN):
+    for recorder in [r for r in _OPEN if r.pid == os.getpid()]:  # a forked child's copies are its parent's
         state = "stopped" if isinstance(ending, RuleFired) else "failed" if ending is not None else \
             recorder.exit_state
         log.warning("tripwire: the run at %s was still open as Python exited; closed as %s.", recorder.run_url,
@@ -140,6 +141,7 @@ class Recorder:
         # (_close_at_exit): a plugin whose training call returns through its end hook is open there only after an
         # exception it did not see (Keras' fit, xgb.train)
         self.exit_state = "failed"
+        self.pid: int | None = None  # the process that started it
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -148,6 +150,7 @@ class Recorder:
         if self.writer is not None:
             return
         _OPEN.add(self)
+        self.pid = os.getpid()
         show_on_console()
         self.store = Store(self.run_url, self.storage_options)
         side = self.config.evaluation.where == "side_process"
