@@ -761,11 +761,13 @@ class Batches(keras.utils.PyDataset):
         return self.x[start:start + self.size], self.y[start:start + self.size]
 
 
-@pytest.mark.parametrize("data", ["healthy", "index_ignored", "full_batch", "full_batch_dataset", "alike_samples"])
+@pytest.mark.parametrize("data", ["healthy", "index_ignored", "full_batch", "full_batch_dataset",
+                                  "full_batch_repeated_then_batched", "alike_samples"])
 def test_a_dataset_that_hands_out_one_batch_again_is_a_warning(tmp_path, data):
     """A PyDataset whose __getitem__ ignores its index trains on one batch: the inputs of steps 0, 1 and 2 are
     the same bytes, told at step 2. Batches that change, a full-batch training (one batch per epoch, the same at
-    every step by design; or a tf.data dataset of the whole set as one element, repeated, four steps an epoch) and
+    every step by design; or a tf.data dataset of the whole set as one element, repeated, four steps an epoch, or
+    the set's samples repeated and batched by their number) and
     data whose first batches hold one sample over and over (a flat stretch at the start of a series: each batch is
     its samples alike, so equal batches say nothing of the loader) are silent and learn."""
     (xt, yt), (xv, yv) = helpers.digits()
@@ -773,11 +775,12 @@ def test_a_dataset_that_hands_out_one_batch_again_is_a_warning(tmp_path, data):
         xt, yt = np.concatenate([np.repeat(xt[:1], 96, axis=0), xt]), np.concatenate([np.repeat(yt[:1], 96), yt])
     model = mlp(optimizer="adam", lr=0.01)
     cb = TripwireCallback({"rules": [{"rule": "training_relations"}]}, out_dir=tmp_path / "run")
-    if data == "full_batch_dataset":
+    if data.startswith("full_batch_"):
         import tensorflow as tf
 
-        model.fit(tf.data.Dataset.from_tensors((xt, yt)).repeat(), steps_per_epoch=4, epochs=25, shuffle=False,
-                  verbose=0, callbacks=[cb])
+        dataset = tf.data.Dataset.from_tensors((xt, yt)).repeat() if data == "full_batch_dataset" else \
+            tf.data.Dataset.from_tensor_slices((xt, yt)).repeat().batch(len(xt))
+        model.fit(dataset, steps_per_epoch=4, epochs=25, shuffle=False, verbose=0, callbacks=[cb])
     else:
         batches = Batches(xt, yt, ignores_index=data == "index_ignored", batches=1 if data == "full_batch" else None)
         model.fit(batches, epochs=100 if data == "full_batch" else 5, shuffle=False, verbose=0, callbacks=[cb])
@@ -814,14 +817,18 @@ def test_class_weights_that_leave_classes_out_are_told_at_the_first_step(tmp_pat
         assert found == [] and min(recalls) > 0.7
 
 
-@pytest.mark.parametrize("data", ["ordered_by_class", "shuffled"])
+@pytest.mark.parametrize("data", ["ordered_by_class", "shuffled", "one_rare_class"])
 def test_a_validation_split_of_classes_training_never_holds_is_told_at_the_first_step(tmp_path, data):
     """validation_split takes the last 20 % of the arrays before Keras shuffles: on digits ordered by class, the
     validation holds only the last classes, which training never sees (0 % validation accuracy), told at step 0
-    by the default config. The same arrays shuffled first are silent, and the model learns."""
+    by the default config. The same arrays shuffled first are silent, and the model learns; so is a split whose
+    validation alone holds one sample of a rare class (under 5 % of its labels: no bug of the split)."""
     (xt, yt), _ = helpers.digits()
+    if data == "one_rare_class":  # the only 9 left is the last sample, which falls into the validation
+        keep = np.flatnonzero(yt != 9)
+        xt, yt = np.concatenate([xt[keep], xt[yt == 9][:1]]), np.concatenate([yt[keep], [9]])
     order = np.argsort(yt, kind="stable") if data == "ordered_by_class" else \
-        np.random.default_rng(0).permutation(len(yt))
+        np.random.default_rng(0).permutation(len(yt)) if data == "shuffled" else np.arange(len(yt))
     model = mlp(optimizer="adam", lr=0.01)
     cb = TripwireCallback(None, out_dir=tmp_path / "run")
     history = model.fit(xt[order], yt[order], batch_size=32, epochs=5, validation_split=0.2, verbose=0,
@@ -831,7 +838,7 @@ def test_a_validation_split_of_classes_training_never_holds_is_told_at_the_first
         assert history.history["val_loss"][-1] > 3.0
         assert found[0] == ("loss_setup", "validation_classes_untrained", 0), found
     else:
-        assert found == [] and history.history["val_loss"][-1] < 0.3
+        assert found == [] and history.history["val_loss"][-1] < 0.35
 
 
 @pytest.mark.parametrize("order", ["permuted", "same"])

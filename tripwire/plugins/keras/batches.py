@@ -5,9 +5,10 @@ training_relations), from digests of the inputs' bytes where they reach the host
 accelerator they are reduced there, and this is not judged); only where Keras says an epoch holds more than one
 step, as a full-batch training repeats its one batch by design. A batch whose samples are all alike (a
 placeholder of zeros for a train_step that makes its own data, a flat stretch of a series, one class's code in
-data sorted by class) may well come again: it is not judged. Nor is a tf.data dataset that repeats a dataset of
-one element (`Dataset.from_tensors((x, y)).repeat()` with `steps_per_epoch`, a full-batch training; or one batch
-taken and repeated, to overfit it on purpose), which Keras reports as an epoch of several batches."""
+data sorted by class) may well come again: it is not judged. Nor is a tf.data dataset that hands out one batch by
+design, which Keras reports as an epoch of several batches where steps_per_epoch says so: full-batch training
+(`Dataset.from_tensors((x, y)).repeat()`, or `from_tensor_slices((x, y)).repeat().batch(len(x))`), or one batch
+taken and repeated to overfit it on purpose."""
 
 from __future__ import annotations
 
@@ -38,12 +39,16 @@ class InputRepeats:
 
 
 def repeats_by_design(adapter) -> bool:
-    """Whether the fit's data (its Keras data adapter, fitargs) is a tf.data dataset that repeats a dataset of one
-    element."""
-    datasets = [getattr(adapter, "_dataset", None)]
+    """Whether the fit's data (its Keras data adapter, fitargs) is a tf.data dataset that hands out one batch by
+    design: it repeats a dataset of one element, or batches a repeated dataset of N elements by a multiple of N
+    (`from_tensor_slices((x, y)).repeat().batch(len(x))`)."""
+    datasets = [(getattr(adapter, "_dataset", None), None)]  # each with the batch size of a batching above it
     while datasets:  # the pipeline, from its last step back to its sources (tf.data's `_inputs()`)
-        dataset = datasets.pop()
-        if type(dataset).__name__ == "_RepeatDataset" and int(dataset._input_dataset.cardinality()) == 1:
-            return True
-        datasets.extend(getattr(dataset, "_inputs", list)())
+        dataset, batch = datasets.pop()
+        batch = int(dataset._batch_size) if hasattr(dataset, "_batch_size") else batch
+        if type(dataset).__name__ == "_RepeatDataset":
+            elements = int(dataset._input_dataset.cardinality())
+            if elements == 1 or elements > 0 and batch is not None and batch % elements == 0:
+                return True
+        datasets.extend((source, batch) for source in getattr(dataset, "_inputs", list)())
     return False

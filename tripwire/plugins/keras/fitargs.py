@@ -15,6 +15,7 @@ import numpy as np
 from tripwire.core.firststep import caller_locals
 
 MAX_CLASSES = 1000  # labels with more distinct values are not class ids
+MIN_SHARE = 0.05  # of the validation's labels, in classes training never holds, that is told
 
 
 def fit_locals() -> dict:
@@ -31,22 +32,25 @@ def zero_weighted(class_weight) -> tuple | None:
 
 
 def classes_only_in(validation, training) -> tuple | None:
-    """The classes the validation's labels hold and the training's never do, for labels that are class ids or
-    one-hot rows in numpy arrays; None for others, or where there are none."""
+    """The classes the validation's labels hold and the training's never do, where they make MIN_SHARE of the
+    validation's labels or more (a rare class that fell into the validation alone is no bug of the split); for
+    labels that are class ids or one-hot rows in numpy arrays; None for others, or where there are none."""
     seen = [_classes(labels) for labels in (training, validation)]
     if seen[0] is None or seen[1] is None:
         return None
-    return tuple(sorted(seen[1] - seen[0])) or None
+    only = sorted(set(seen[1]) - set(seen[0]))
+    share = sum(seen[1][c] for c in only) / max(sum(seen[1].values()), 1)
+    return tuple(only) if only and share >= MIN_SHARE else None
 
 
-def _classes(labels) -> set | None:
-    """The classes an array of labels holds: its whole-number values, or the columns of its one-hot rows."""
+def _classes(labels) -> dict | None:
+    """{class: labels of it} in an array of labels: its whole-number values, or the columns of its one-hot rows."""
     if not isinstance(labels, np.ndarray) or labels.size == 0 or not np.issubdtype(labels.dtype, np.number):
         return None
     if labels.ndim == 2 and labels.shape[1] >= 2:  # one-hot rows: the columns that hold a row's one
         one_hot = np.all((labels == 0) | (labels == 1)) and np.all(labels.sum(axis=1) == 1)
-        return set(np.flatnonzero(labels.any(axis=0)).tolist()) if one_hot else None
-    values = np.unique(labels)
+        return {int(c): int(n) for c, n in enumerate(labels.sum(axis=0)) if n} if one_hot else None
+    values, counts = np.unique(labels, return_counts=True)
     if values.size > MAX_CLASSES or not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
         return None
-    return set(values.astype(np.int64).tolist())
+    return dict(zip(values.astype(np.int64).tolist(), counts.tolist()))
