@@ -136,18 +136,23 @@ class FirstStep:
     captured activations there (each call of a module called several times under its own name, naming.call_path):
     an activation missing took something else (a sum, a layer's output reshaped); None where not seen.
     column_swaps: (validation column, the training column it is) for the columns of a validation set that are the
-    training's in another order (swapped_columns), where the plugin saw both and found any."""
+    training's in another order (swapped_columns), where the plugin saw both and found any.
+    samples_own_output: the step drew random samples from the model's output (a policy's actions, drawn by
+    torch.multinomial under Categorical.sample): its loss is a policy-gradient objective, whose value is no
+    measure of the fit (`not_a_fit`); None where the plugin cannot tell (torch tells)."""
 
     step: int
     losses: tuple = ()
     objectives: int | None = None
     producers: dict | None = None
     column_swaps: tuple | None = None
+    samples_own_output: bool | None = None
 
     def to_dict(self) -> dict:
         """As stored: what is not known (an output no plugin could name, labels it did not see) is absent."""
         known = {"objectives": self.objectives, "producers": self.producers,
-                 "column_swaps": [list(pair) for pair in self.column_swaps] if self.column_swaps else None}
+                 "column_swaps": [list(pair) for pair in self.column_swaps] if self.column_swaps else None,
+                 "samples_own_output": self.samples_own_output}
         return {"step": self.step, "losses": [{k: v for k, v in asdict(u).items() if v is not None}
                                               for u in self.losses],
                 **{key: value for key, value in known.items() if value is not None}}
@@ -167,22 +172,28 @@ class FirstStep:
             if producers is not None and not all(isinstance(v, str) for v in dict(producers).values()):
                 return None
             swaps = tuple((int(a), int(b)) for a, b in data["column_swaps"]) if data.get("column_swaps") else None
+            own = data.get("samples_own_output")
             return cls(int(data["step"]), tuple(losses), None if objectives is None else int(objectives),
-                       None if producers is None else {str(k): v for k, v in dict(producers).items()}, swaps)
+                       None if producers is None else {str(k): v for k, v in dict(producers).items()}, swaps,
+                       None if own is None else bool(own))
         except (KeyError, TypeError, ValueError):
             return None
 
 
 def not_a_fit(first: FirstStep | None) -> str | None:
     """Why the training loss is not the one objective the step trains, or not a measure of the fit, where the first
-    step says so (a GAN's, a DQN's); None otherwise. The rules that judge its course (loss_not_decreasing,
-    loss_spike) do not apply then."""
+    step says so (a GAN's, a policy gradient's, a DQN's); None otherwise. The rules that judge its course
+    (loss_not_decreasing, loss_spike) do not apply then."""
     if first is None:
         return None
     if first.objectives is not None and first.objectives > 1:
         return (f"the step trains {first.objectives} objectives in turn, each with a backward pass and optimizer "
                 "steps of its own (a GAN's discriminator and generator): the loss handed over is one of them, "
                 "trained against the others, and need not go down")
+    if first.samples_own_output:
+        return ("the step draws samples from the model's own output (a policy's actions): its loss is a "
+                "policy-gradient objective, the log-probabilities of those samples weighted by their returns, whose "
+                "value need not go down as the policy improves")
     moving = [use.loss for use in first.losses if use.bootstrapped]
     if moving:
         return (f"the targets of its {moving[0]} are computed by the model itself (a temporal-difference target "

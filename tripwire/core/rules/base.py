@@ -265,7 +265,8 @@ def loss_not_a_fit(run) -> str | None:
     """Why the training loss says nothing of how well the model fits, where the run shows it; None otherwise. The
     rules that judge its course (loss_not_decreasing, loss_spike, gradient_spike) raise NotApplicable with it.
 
-    A GAN's step trains objectives against each other, a DQN's targets come from its own target network (what the
+    A GAN's step trains objectives against each other, a policy gradient weighs the log-probabilities of the model's
+    own samples, a DQN's targets come from its own target network (what the
     first step showed); a reinforcement-learning episode adds up one loss term per action, so its loss grows with
     the episode's length as the agent learns (the forward passes per step took several numbers)."""
     why = not_a_fit(run.first_step)

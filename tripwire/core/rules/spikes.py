@@ -48,6 +48,7 @@ class LossSpike(Rule):
                 "in turn, each with a backward pass and optimizer steps of its own (a GAN: the discriminator's loss "
                 "climbs back from near 0 as the generator learns; torch, seen at the first step), nor on one whose "
                 "targets the model computes itself (a DQN's, from its target network: they grow as its values do), "
+                "nor a policy-gradient objective (the first step draws samples from the model's output; torch), "
                 "nor on one that adds up over a number of forward passes that changes from step to step "
                 "(reinforcement learning: the loss of an episode grows with its length as the agent learns; the "
                 "probe, three or more numbers in the first 20 steps); judged afresh from a step at which none of the "

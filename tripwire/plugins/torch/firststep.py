@@ -49,6 +49,9 @@ SYMMETRIC = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 SHAPE_ONLY = {"ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like",
               "new_ones", "new_zeros", "new_full", "new_empty", "new_tensor", "size", "dim", "numel"}
 FOLLOWED = 10_000  # tensors computed from a parameter followed, at least, before the freed ones are forgotten
+# Operations that draw random values from the distribution their input gives (torch.distributions' samples): drawn
+# from the model's output, they are the model's own choices (a policy's actions)
+SAMPLING = {"multinomial", "bernoulli", "normal", "poisson"}
 
 
 class LossSpy(TorchFunctionMode):
@@ -67,6 +70,7 @@ class LossSpy(TorchFunctionMode):
         self._followed = FOLLOWED  # how many, before the freed ones are forgotten
         self.looking = looking
         self.done = False
+        self.samples_own = False  # the step drew samples from the model's output (FirstStep.samples_own_output)
 
     def look(self) -> None:
         """The step's training forward begins: from here, the loss and what produced its input are seen too."""
@@ -90,6 +94,8 @@ class LossSpy(TorchFunctionMode):
     def _note(self, name: str, args, kwargs, out) -> None:
         if name in READS and self.looking:
             self._loss(name, args, kwargs)
+        if name in SAMPLING and self.looking and self._computed_from_model(args, kwargs):
+            self.samples_own = True
         if name not in SHAPE_ONLY and self._computed_from_model(args, kwargs):
             if len(self._from_model) >= self._followed:  # armed over a long stretch of the loop: forget the freed
                 self._from_model = {key: ref for key, ref in self._from_model.items() if ref() is not None}
@@ -183,7 +189,7 @@ class LossSpy(TorchFunctionMode):
         elif self in stack:  # a mode the step entered is still on top: this one passes everything through
             log.debug("tripwire: the first-step look stays under another torch function mode")
         self._made_by, self._from_model, self._reshaped = {}, {}, {}
-        return FirstStep(step, tuple(self.losses))
+        return FirstStep(step, tuple(self.losses), samples_own_output=self.samples_own)
 
 
 def _bootstrapped(target, from_model: bool) -> bool:
