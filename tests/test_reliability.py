@@ -540,7 +540,8 @@ for step in range({steps}):
 
 @pytest.mark.parametrize("case,last,state", [
     ("keras_fit_raises", 30, "failed"), ("keras_fit_raises_caught", 30, "failed"),
-    ("xgboost_train_raises", 30, "failed"), ("probe_never_closed", 39, "finished"), ("probe_loop_raises", 30, "failed")])
+    ("xgboost_train_raises", 30, "failed"), ("probe_never_closed", 39, "finished"),
+    ("probe_loop_raises", 30, "failed")])
 def test_a_training_that_ends_the_process_without_closing_its_run_loses_nothing(tmp_path, case, last, state):
     """The writer thread is a daemon: what it held since its last flush died with the process where the training
     raised past a framework that runs no hook after an exception (Keras' fit, xgb.train) or a probe was never
