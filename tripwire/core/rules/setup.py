@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..firststep import OTHER_MEAN, RANGES
+from ..firststep import RANGES
 from .base import FIRST_LABELS, NotApplicable, Rule
+from .given import classes_given, swapped_message
 
 MIN_BATCH = 32  # a first batch of this many labels, all of one class among three or more, is no chance
 
@@ -89,15 +90,8 @@ class LossSetup(Rule):
                                        onset=first.step, loss=use.loss, output=use.output, units=use.units,
                                        settings=use.settings))
         if first.column_swaps:
-            pairs = ", ".join(f"{v} is like {t}" for v, t in first.column_swaps[:8])
-            found.append(self.fire(step, f"the validation data's columns are the training data's in another order: "
-                                   f"{len(first.column_swaps)} validation columns differ from the training column "
-                                   f"of their index by more than {OTHER_MEAN:g} standard deviations and match "
-                                   f"another's mean and spread (validation column {pairs}"
-                                   f"{', …' if len(first.column_swaps) > 8 else ''}): the model is judged on "
-                                   "features it was not trained on. Build both sets with one column order (select "
-                                   "the columns by name; pandas frames carry names XGBoost checks).",
-                                   severity="warning", finding="columns_swapped", onset=first.step,
+            found.append(self.fire(step, swapped_message(first.column_swaps), severity="warning",
+                                   finding="columns_swapped", onset=first.step,
                                    columns=[list(pair) for pair in first.column_swaps]))
         return found or None
 
@@ -216,7 +210,7 @@ def _problems(use):
     if use.kind == "categorical" and labels is not None:
         out += _class_labels(use, labels)
     if use.kind in ("categorical", "binary"):
-        out += _classes_given(use)
+        out += classes_given(use)
     if use.kind == "binary" and labels is not None and labels.one_hot and labels.shape[-1] >= 3 and \
             labels.shape[0] >= MIN_BATCH:
         out.append(("one_label_per_row", "info", f"every one of the first batch's {labels.shape[0]} label rows "
@@ -234,28 +228,6 @@ def _problems(use):
                     f"{labels.min:.4g} to {labels.max:.4g}): no sample is of the positive class. Labels scaled like "
                     "inputs (divided by 255?): give 0 and 1."))
     return out
-
-
-def _classes_given(use):
-    """What the training was given of the classes: weights that leave classes out, a validation of others."""
-    out = []
-    if use.zero_weight and len(use.zero_weight) >= 2:  # one class weighed 0 can be a padding class
-        out.append(("classes_weighted_out", "warning", f"the class weights weigh {len(use.zero_weight)} classes "
-                    f"at 0 ({_listed(use.zero_weight)}): their samples add nothing to the loss, and the model never "
-                    "learns them. Weights computed by integer division (total // (classes * count))? Compute them "
-                    "as floats (sklearn's compute_class_weight), and check that every class's weight is above 0."))
-    if use.validation_only:
-        out.append(("validation_classes_untrained", "warning", f"the validation labels hold "
-                    f"{len(use.validation_only)} class(es) that the training labels never do "
-                    f"({_listed(use.validation_only)}): the model cannot learn them, and the validation measures "
-                    "what training never sees. validation_split takes the last part of the arrays, before any "
-                    "shuffling: on data ordered by class, shuffle the arrays before fit (or pass validation_data "
-                    "drawn from every class)."))
-    return out
-
-
-def _listed(classes) -> str:
-    return ", ".join(str(c) for c in classes[:12]) + (", …" if len(classes) > 12 else "")
 
 
 def _class_ids(labels) -> bool:
