@@ -181,6 +181,15 @@ def held(run, name: str, reduction: str, count: int, step: int, condition) -> in
     return None
 
 
+def warming_up(run, since: int) -> bool:
+    """Whether the first parameter group's learning rate rose since step `since` (a warmup is under way)."""
+    if "optimizer/lr" not in run.tensor_names("optimizer", mode="train"):
+        return False
+    steps, rates = run.tensor("optimizer/lr").series(mode="train")
+    earlier = rates[steps <= since]
+    return len(earlier) > 0 and rates[-1] > earlier[-1]
+
+
 SCHEDULE_END = 1e-3  # a learning rate below this share of the largest so far: a schedule brought it to about 0
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..firststep import summed_terms, task_of
 from ..ranges import COUNT, POSITIVE, SHARE
 from ..model import KERNEL_ROLES
-from .base import Requirement, Rule, held, loss_fell_below, loss_not_a_fit, of_roles, values_at
+from .base import Requirement, Rule, held, loss_fell_below, loss_not_a_fit, of_roles, values_at, warming_up
 
 
 @dataclass
@@ -32,7 +32,10 @@ class VanishingGradient(Rule):
                  "times the largest kernel's at each of its last `patience` samples, while the training loss is "
                  "still above `learned` times its first value (gradients that vanish before the network learns; "
                  "once it has, small gradients are convergence, and the gradients of a layer whose job is done, "
-                 "such as the queries of a settled attention, shrink far below the rest)")
+                 "such as the queries of a settled attention, shrink far below the rest), and the learning rate "
+                 "has not risen over those samples (a warmup: the attention queries and keys of a transformer "
+                 "initialised small get gradients of 1e-7 while its attention is still uniform, and grow as it "
+                 "learns)")
     hint = ("Gradients vanish before reaching the early layers. Likely causes: saturating activations (sigmoid, "
             "tanh) in a deep stack, poor initialisation, a learning rate so small that nothing moves. Try: ReLU, "
             "GELU or SELU instead of sigmoid/tanh; batch or layer normalisation; residual connections; He "
@@ -43,8 +46,13 @@ class VanishingGradient(Rule):
     def __post_init__(self):
         self._first_loss: dict = {}  # worker -> the first training loss seen
 
+    @property
+    def history(self):
+        return self.patience  # the learning rate at the first of the samples judged, to tell a warmup
+
     def requires(self):
-        return [Requirement("gradients", ("abs_mean",)), Requirement("losses", optional=True)]
+        return [Requirement("gradients", ("abs_mean",)), Requirement("losses", optional=True),
+                Requirement("optimizer", optional=True)]
 
     def check(self, run, step):
         if loss_fell_below(run, step, self._first_loss, self.learned):
@@ -56,7 +64,7 @@ class VanishingGradient(Rule):
         onsets = {n: held(run, n, "abs_mean", self.patience, step, lambda g: g < self.threshold)
                   for n, v in means.items() if v < self.threshold and v < self.ratio * largest}
         small = {n: means[n] for n, onset in onsets.items() if onset is not None}
-        if not small:
+        if not small or warming_up(run, min(onsets[n] for n in small)):
             return None
         name = min(small, key=small.get)
         return self.fire(step, f"{len(small)} kernel gradient(s) have mean |g| below {self.threshold:g} at "

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..ranges import COUNT, SHARE
-from .base import FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, loss_not_a_fit
+from .base import (FIRST_LABELS, HEALTHY_STEP, NotApplicable, Requirement, Rule, checked_mode, loss_not_a_fit,
+                   warming_up)
 from .baselines import (FLOOR_NOTE, STUCK_HINT, constant_predictor_loss, loss_floor, room_above, unsplit,
                         update_ratios)
 from .drift import SLOW_HINT, Drift, slow_start
@@ -121,7 +122,7 @@ class LossNotDecreasing(Rule):
                 first.append((int(steps[-1]), float(values[-1])))
                 continue
             if len(values) < 2 * self.window or not np.all(np.isfinite(values[-2 * self.window:])) \
-                    or _warming_up(run, steps[-2 * self.window]):
+                    or warming_up(run, steps[-2 * self.window]):
                 continue
             floor = loss_floor(run) if name == "losses/train" else None
             # a slow start is waited for; a series that has not moved at all (every sample the same number, a
@@ -239,15 +240,6 @@ class LossNotDecreasing(Rule):
                              severity="info", finding="plateau", tensor=name, before=float(before.mean()),
                              now=float(now.mean()))
         return None
-
-
-def _warming_up(run, since: int) -> bool:
-    """Whether the first parameter group's learning rate rose since step `since` (a warmup is under way)."""
-    if "optimizer/lr" not in run.tensor_names("optimizer", mode="train"):
-        return False
-    steps, rates = run.tensor("optimizer/lr").series(mode="train")
-    earlier = rates[steps <= since]
-    return len(earlier) > 0 and rates[-1] > earlier[-1]
 
 
 LEVELLED = 0.25  # of what the loss's mean pace so far takes off over the newest samples' steps: levelled below it
