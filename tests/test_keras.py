@@ -865,3 +865,19 @@ def test_a_long_validation_is_no_stalled_training(tmp_path):
     cb = TripwireCallback(config, out_dir=tmp_path / "run")
     fit(cb, epochs=1, validation_batch_size=32, callbacks=[SlowValidation()])
     assert [v.rule for v in tripwire.open_run(cb.run_url).verdicts() if v.fired] == []
+
+
+def test_what_fit_was_given_that_cannot_be_read_never_stops_the_fit(tmp_path, monkeypatch):
+    """Reading fit's data as it begins (class weights, validation classes and columns, the data's pipeline) runs
+    inside Keras' fit: a failure there is left out of the judgement, and the fit trains as without tripwire."""
+    from tripwire.plugins.keras import callback as callback_module
+
+    def unreadable(*args):
+        raise ValueError("an array tripwire cannot read")
+
+    monkeypatch.setattr(callback_module, "zero_weighted", unreadable)
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    model = fit(cb, mlp(optimizer="adam", lr=0.01), epochs=3, class_weight={c: 1.0 for c in range(10)})
+    _, (xv, yv) = helpers.digits()
+    assert float(np.mean(np.argmax(model.predict(xv, verbose=0), axis=1) == yv)) > 0.9
+    assert [v for v in cb.verdicts if v.counts] == []

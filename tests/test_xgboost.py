@@ -568,3 +568,21 @@ def test_validation_columns_in_another_order_are_told_at_the_first_round(tmp_pat
         assert "validation column 8 is like 23" in verdict.message
     else:
         assert found == [] and accuracy > 0.9
+
+
+def test_eval_sets_that_cannot_be_read_never_stop_the_training(tmp_path, monkeypatch):
+    """Reading xgb.train's eval sets as it begins (their columns against the training set's) runs inside
+    xgb.train: a failure there is left out of the judgement, and the booster trains as without tripwire."""
+    from tripwire.plugins.xgboost import callback as callback_module
+
+    def unreadable(*args):
+        raise ValueError("a matrix tripwire cannot read")
+
+    monkeypatch.setattr(callback_module, "swapped_columns", unreadable)
+    x, y = load_breast_cancer(return_X_y=True)
+    train, valid = xgb.DMatrix(x[:400], label=y[:400]), xgb.DMatrix(x[400:], label=y[400:])
+    cb = TripwireCallback(None, out_dir=tmp_path / "run")
+    booster = xgb.train({"objective": "binary:logistic", "max_depth": 3, "nthread": 1}, train, 50,
+                        evals=[(valid, "validation")], verbose_eval=False, callbacks=[cb])
+    assert float(np.mean((booster.predict(valid) > 0.5) == y[400:])) > 0.9
+    assert [v for v in cb.verdicts if v.counts] == []

@@ -105,16 +105,10 @@ class TripwireCallback(keras.callbacks.Callback):
             self._capture.close()
         structure = describe(model)
         apart = trained_apart(model)
-        given = fit_locals()
-        # what the first step records of what fit was given (tripwire.core.firststep)
-        self._given = {"zero_weight": zero_weighted(given.get("class_weight")),
-                       "validation_only": classes_only_in(given.get("val_y"), given.get("y")),
-                       "column_swaps": swapped_columns(given.get("x"), given.get("val_x"))}
+        self._given, by_design = _given_to_fit()
         # one batch per call, more than one per epoch, inputs read on the host: else a repeat is not told
         repeats = int(getattr(model, "steps_per_execution", 1) or 1) == 1 and (self.params.get("steps") or 0) > 1 \
-            and not on_accelerator(model) and not repeats_by_design(getattr(given.get("epoch_iterator"),
-                                                                            "data_adapter", None))
-        del given
+            and not on_accelerator(model) and not by_design
         self._open(model, structure, relations=any(apart) or repeats)
         self._recorder.add_sinks(EventFileSink(os.path.join(tb.log_dir, "train")) for tb in siblings(self)
                                  if isinstance(tb, keras.callbacks.TensorBoard))
@@ -384,6 +378,21 @@ class TripwireCallback(keras.callbacks.Callback):
                 self._recorder.finish(state)
             finally:
                 self._recorder, self._alive = None, None
+
+
+def _given_to_fit() -> tuple[dict, bool]:
+    """What the fit that calls its callbacks was given (fitargs), as the first step records it, and whether its data
+    hands out one batch by design (batches.repeats_by_design). Data that cannot be read is not judged: ({}, True),
+    said in the debug log; it must never stop the fit."""
+    try:
+        given = fit_locals()
+        return ({"zero_weight": zero_weighted(given.get("class_weight")),
+                 "validation_only": classes_only_in(given.get("val_y"), given.get("y")),
+                 "column_swaps": swapped_columns(given.get("x"), given.get("val_x"))},
+                repeats_by_design(getattr(given.get("epoch_iterator"), "data_adapter", None)))
+    except Exception as exc:  # noqa: BLE001
+        log.debug("tripwire: what fit was given could not be read: %s: %s", type(exc).__name__, exc)
+        return {}, True
 
 
 def _skips_steps(model) -> bool:

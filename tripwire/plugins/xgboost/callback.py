@@ -308,17 +308,20 @@ def _column_swaps() -> tuple | None:
     names for XGBoost to check), read from the call that trains: an sklearn estimator's fit (its arrays `X` and
     `eval_set`, as given), else xgb.train (`dtrain` and `evals`, read back); None where there are none or the data
     cannot be read (a large QuantileDMatrix, data on a GPU)."""
-    fit = caller_locals("fit", "eval_set")
-    if fit:
-        pairs = [(fit.get("X"), data[0]) for data in fit.get("eval_set") or () if data[0] is not fit.get("X")]
-    else:
-        given = caller_locals("train", "dtrain")
-        train = given.get("dtrain")
-        pairs = [(_rows(train), _rows(matrix)) for matrix, _ in given.get("evals") or () if matrix is not train]
-    for training, validation in pairs:
-        swaps = swapped_columns(training, validation)
-        if swaps:
-            return swaps
+    try:
+        fit = caller_locals("fit", "eval_set")
+        if fit:
+            pairs = [(fit.get("X"), data[0]) for data in fit.get("eval_set") or () if data[0] is not fit.get("X")]
+        else:
+            given = caller_locals("train", "dtrain")
+            train = given.get("dtrain")
+            pairs = [(_rows(train), _rows(matrix)) for matrix, _ in given.get("evals") or () if matrix is not train]
+        for training, validation in pairs:
+            swaps = swapped_columns(training, validation)
+            if swaps:
+                return swaps
+    except Exception as exc:  # noqa: BLE001 - data that cannot be read is not judged; it must never stop training
+        log.debug("tripwire: the eval sets' columns could not be read: %s: %s", type(exc).__name__, exc)
     return None
 
 
